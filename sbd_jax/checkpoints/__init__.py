@@ -1,0 +1,1 @@
+"""Loading and saving weights: HF safetensors directories, GGUF files, named embedded models."""

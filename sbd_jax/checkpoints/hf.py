@@ -1,0 +1,187 @@
+"""Hugging Face directories (config.json + safetensors) <-> sbd_jax params, both ways. No pickle."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Iterator
+
+import jax
+import ml_dtypes
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from sbd_jax.config import ModelConfig
+from sbd_jax.errors import UserError
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old exports carry; recomputed here
+
+
+def tensor_names(cfg: ModelConfig) -> Iterator[tuple[str, tuple[str, ...], bool]]:
+    """(HF tensor name, our param path, whether HF stores it transposed) for every weight."""
+    yield "model.embed_tokens.weight", ("embed_tokens", "embedding"), False
+    for i in range(cfg.num_layers):
+        hf, ours = f"model.layers.{i}.", (f"layers_{i}",)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            yield f"{hf}self_attn.{proj}.weight", ours + ("self_attn", proj, "kernel"), True
+            if (cfg.o_bias if proj == "o_proj" else cfg.qkv_bias):
+                yield f"{hf}self_attn.{proj}.bias", ours + ("self_attn", proj, "bias"), False
+        if cfg.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                yield f"{hf}self_attn.{norm}.weight", ours + ("self_attn", norm, "weight"), False
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            yield f"{hf}mlp.{proj}.weight", ours + ("mlp", proj, "kernel"), True
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            yield f"{hf}{norm}.weight", ours + (norm, "weight"), False
+    yield "model.norm.weight", ("norm", "weight"), False
+    if not cfg.tie_word_embeddings:
+        yield "lm_head.weight", ("lm_head", "kernel"), True
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+    """`layers_0 .. layers_{L-1}` -> one `layers` subtree with a leading layer axis (scanned models)."""
+    rest = {k: v for k, v in params.items() if not k.startswith("layers_")}
+    per_layer = [params[f"layers_{i}"] for i in range(num_layers)]
+    return {**rest, "layers": jax.tree.map(lambda *xs: np.stack(xs), *per_layer)}
+
+
+def unstack_layers(params: dict, num_layers: int) -> dict:
+    """Inverse of `stack_layers`."""
+    if "layers" not in params:
+        return params
+    rest = {k: v for k, v in params.items() if k != "layers"}
+    for i in range(num_layers):
+        rest[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], params["layers"])
+    return rest
+
+
+def read_config(path: str, **run_options: Any) -> ModelConfig:
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise UserError(f"{path} has no config.json: pass a Hugging Face model directory, a .gguf file or a known model name")
+    with open(config_file) as f:
+        try:
+            hf = json.load(f)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{config_file} is not valid JSON ({e}); re-download or re-export the model") from None
+    return ModelConfig.from_hf(hf, **run_options)
+
+
+def _weight_files(path: str) -> dict[str, str]:
+    """HF tensor name -> the safetensors file holding it."""
+    index = os.path.join(path, _INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        return {name: os.path.join(path, file) for name, file in weight_map.items()}
+    single = os.path.join(path, _SINGLE)
+    if not os.path.isfile(single):
+        if any(n.endswith((".bin", ".pt", ".pth")) for n in os.listdir(path)):
+            raise UserError(f"{path} holds only pickle weights (.bin/.pt), which sbd_jax never loads; "
+                            "convert them to safetensors first")
+        raise UserError(f"{path} has no {_SINGLE} or {_INDEX}: the weights are missing")
+    with safe_open(single, framework="numpy") as f:
+        return {name: single for name in f.keys()}
+
+
+def load_params(path: str, cfg: ModelConfig) -> dict:
+    """Reads an HF directory's safetensors into our param tree (numpy, `cfg.param_dtype`)."""
+    files = _weight_files(path)
+    expected = list(tensor_names(cfg))
+    missing = [name for name, _, _ in expected if name not in files]
+    if missing:
+        raise UserError(f"{path}: {len(missing)} weight(s) missing, e.g. {missing[0]!r}; "
+                        "the weights do not match config.json (wrong or incomplete checkpoint)")
+    known = {name for name, _, _ in expected} | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    unexpected = sorted(n for n in files if n not in known and not n.endswith(_IGNORED_SUFFIXES))
+    if unexpected:
+        raise UserError(f"{path}: unexpected weight {unexpected[0]!r} (and {len(unexpected) - 1} more); "
+                        f"the weights do not match a {cfg.model_type} config.json")
+    dtype = np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == "bfloat16" else np.dtype(cfg.param_dtype)
+    params: dict = {}
+    handles: dict[str, Any] = {}
+    try:
+        for name, ours, transposed in expected:
+            file = files[name]
+            if file not in handles:
+                if not os.path.isfile(file):
+                    raise UserError(f"{file} is listed in {_INDEX} but does not exist; the download is incomplete")
+                handles[file] = safe_open(file, framework="numpy")
+            array = handles[file].get_tensor(name)
+            _check_shape(name, array.shape, _expected_shape(ours, cfg), transposed, path)
+            node = params
+            for key in ours[:-1]:
+                node = node.setdefault(key, {})
+            node[ours[-1]] = (array.T if transposed else array).astype(dtype)
+    finally:
+        for handle in handles.values():
+            handle.__exit__(None, None, None)
+    return stack_layers(params, cfg.num_layers) if cfg.scan_layers else params
+
+
+def _expected_shape(ours: tuple[str, ...], cfg: ModelConfig) -> tuple[int, ...]:
+    """Our param's shape, derived from the config (so a mismatched file is caught before XLA sees it)."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    out = {"q_proj": cfg.num_heads * hd, "k_proj": cfg.num_kv_heads * hd, "v_proj": cfg.num_kv_heads * hd,
+           "o_proj": d, "gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size, "down_proj": d,
+           "lm_head": cfg.vocab_size}
+    inp = {"o_proj": cfg.num_heads * hd, "down_proj": cfg.intermediate_size}
+    module, leaf = ours[-2], ours[-1]
+    if module == "embed_tokens":
+        return (cfg.vocab_size, d)
+    if leaf == "kernel":
+        return (inp.get(module, d), out[module])
+    if leaf == "bias":
+        return (out[module],)
+    return (hd,) if module in ("q_norm", "k_norm") else (d,)
+
+
+def _check_shape(name: str, got: tuple, want: tuple, transposed: bool, path: str) -> None:
+    want_hf = tuple(reversed(want)) if transposed else tuple(want)
+    if tuple(got) != want_hf:
+        raise UserError(f"{path}: weight {name!r} has shape {tuple(got)}, config.json implies {want_hf}; "
+                        "the weights and config.json do not belong together")
+
+
+def save_hf(path: str, cfg: ModelConfig, params: dict, tokenizer: Any = None,
+            max_shard_bytes: int = 5 * 2**30) -> None:
+    """Writes params as an HF directory that `transformers.AutoModelForCausalLM.from_pretrained` loads.
+
+    Tensors are saved in `cfg.param_dtype`; files above `max_shard_bytes` are split with an index.
+    The tokenizer, if given (any object with `save_pretrained`), is saved alongside.
+    """
+    os.makedirs(path, exist_ok=True)
+    flat = unstack_layers(jax.device_get(params), cfg.num_layers)
+    tensors: dict[str, np.ndarray] = {}
+    for name, ours, transposed in tensor_names(cfg):
+        node = flat
+        for key in ours:
+            node = node[key]
+        array = np.asarray(node)
+        tensors[name] = np.ascontiguousarray(array.T if transposed else array)
+    shards: list[dict[str, np.ndarray]] = [{}]
+    size = 0
+    for name, array in tensors.items():
+        if size and size + array.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = array
+        size += array.nbytes
+    if len(shards) == 1:
+        save_file(shards[0], os.path.join(path, _SINGLE), metadata={"format": "pt"})
+    else:
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
+            weight_map.update({name: file for name in shard})
+        with open(os.path.join(path, _INDEX), "w") as f:
+            json.dump({"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
+                       "weight_map": weight_map}, f, indent=2)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg.to_hf(), f, indent=2)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)

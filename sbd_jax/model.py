@@ -1,0 +1,175 @@
+"""Pure-functional Llama / Qwen2 / Qwen3 decoder in Flax linen.
+
+One forward serves every mode: a whole sequence (training, prefill) or new tokens against a KV
+cache (decoding), with the attention among the forward's own tokens given as an explicit mask
+(causal, an all-to-all SBD block, or anything `masks.py` builds). The forward never writes the
+cache: it returns the new tokens' K/V and the caller decides what to commit (`kv_cache.append`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sbd_jax import masks
+from sbd_jax.attention import attention
+from sbd_jax.config import ModelConfig
+from sbd_jax.kv_cache import KVCache, valid_slots
+from sbd_jax.rope import apply_rope, inverse_frequencies
+
+_init = nn.initializers.normal(stddev=0.02)
+
+
+class NewKV(NamedTuple):
+    """Post-RoPE keys/values of a forward's tokens, `[layers, B, T, kv_heads, head_dim]`."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any
+    param_dtype: Any
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        # transformers casts back to the input dtype before scaling; the same order keeps bf16 close.
+        return (weight.astype(self.dtype) * normed.astype(self.dtype)).astype(self.dtype)
+
+
+def _dense(features: int, bias: bool, name: str, cfg: ModelConfig) -> nn.Dense:
+    return nn.Dense(features, use_bias=bias, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype,
+                    kernel_init=_init, name=name)
+
+
+class Attention(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x_BTD, positions_BT, mask, cache_kv):
+        cfg = self.config
+        batch, num_tokens, _ = x_BTD.shape
+        q = _dense(cfg.num_heads * cfg.head_dim, cfg.qkv_bias, "q_proj", cfg)(x_BTD)
+        k = _dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "k_proj", cfg)(x_BTD)
+        v = _dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "v_proj", cfg)(x_BTD)
+        q_BTNH = q.reshape(batch, num_tokens, cfg.num_heads, cfg.head_dim)
+        k_BTKH = k.reshape(batch, num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v_BTKH = v.reshape(batch, num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype)
+            q_BTNH = RMSNorm(**norm, name="q_norm")(q_BTNH)
+            k_BTKH = RMSNorm(**norm, name="k_norm")(k_BTKH)
+        inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
+        k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
+        parts = [(k_BTKH, v_BTKH, mask)]
+        if cache_kv is not None:
+            cache_k, cache_v, cache_mask = cache_kv
+            parts.insert(0, (cache_k.astype(k_BTKH.dtype), cache_v.astype(v_BTKH.dtype), cache_mask))
+        out = attention(q_BTNH, parts).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
+        return _dense(cfg.hidden_size, cfg.o_bias, "o_proj", cfg)(out), (k_BTKH, v_BTKH)
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        gate = _dense(cfg.intermediate_size, False, "gate_proj", cfg)(x)
+        up = _dense(cfg.intermediate_size, False, "up_proj", cfg)(x)
+        return _dense(cfg.hidden_size, False, "down_proj", cfg)(nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block; `(carry, per-layer input) -> (carry, per-layer output)` so it can be scanned."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, positions, mask, cache_mask, cache_kv):
+        cfg = self.config
+        norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype)
+        layer_cache = None if cache_kv is None else (cache_kv[0], cache_kv[1], cache_mask)
+        h, new_kv = Attention(cfg, name="self_attn")(
+            RMSNorm(**norm, name="input_layernorm")(x), positions, mask, layer_cache)
+        x = x + h
+        x = x + MLP(cfg, name="mlp")(RMSNorm(**norm, name="post_attention_layernorm")(x))
+        return x, new_kv
+
+
+def _layer_class(cfg: ModelConfig):
+    if cfg.remat == "none":
+        return DecoderLayer
+    policy = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}[cfg.remat]
+    return nn.remat(DecoderLayer, policy=policy, prevent_cse=not cfg.scan_layers)
+
+
+class Transformer(nn.Module):
+    """Token ids + explicit positions (+ optional cache) -> logits and the new tokens' K/V."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        positions_BT: jax.Array,
+        mask: jax.Array | None = None,
+        cache: KVCache | None = None,
+        compute_logits: bool = True,
+    ) -> tuple[jax.Array, NewKV]:
+        """Runs the model on `tokens_BT` at `positions_BT`.
+
+        mask: boolean `[T, T]` or `[B, T, T]` among these tokens (default causal).
+        cache: if given, the tokens also see each row's first `cache.lengths[b]` cached slots.
+        Returns logits `[B, T, vocab]` in float32 (or the final hidden states when
+        `compute_logits=False`) and the tokens' K/V for `kv_cache.append`.
+        """
+        cfg = self.config
+        if mask is None:
+            mask = masks.causal(tokens_BT.shape[1])
+        embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
+                         param_dtype=cfg.weights_dtype, embedding_init=_init, name="embed_tokens")
+        x = embed(tokens_BT)
+        cache_mask = None if cache is None else valid_slots(cache)
+        cache_kv = None if cache is None else (cache.k, cache.v)
+        layer_cls = _layer_class(cfg)
+        if cfg.scan_layers:
+            stack = nn.scan(
+                layer_cls,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                length=cfg.num_layers,
+            )
+            x, (k_new, v_new) = stack(cfg, name="layers")(x, positions_BT, mask, cache_mask, cache_kv)
+        else:
+            ks, vs = [], []
+            for i in range(cfg.num_layers):
+                layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
+                x, (k, v) = layer_cls(cfg, name=f"layers_{i}")(x, positions_BT, mask, cache_mask, layer_kv)
+                ks.append(k)
+                vs.append(v)
+            k_new, v_new = jnp.stack(ks), jnp.stack(vs)
+        x = RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.weights_dtype, name="norm")(x)
+        if not compute_logits:
+            return x, NewKV(k_new, v_new)
+        if cfg.tie_word_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = _dense(cfg.vocab_size, False, "lm_head", cfg)(x)
+        return logits.astype(jnp.float32), NewKV(k_new, v_new)
+
+
+def init_params(config: ModelConfig, seed: int = 0) -> dict:
+    """Random parameters (normal(0.02) weights, unit norms), shaped as the checkpoints load them."""
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return jax.jit(Transformer(config).init)(jax.random.key(seed), tokens, tokens)["params"]
