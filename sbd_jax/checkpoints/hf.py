@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 import jax
 import ml_dtypes
@@ -90,35 +90,45 @@ def _weight_files(path: str) -> dict[str, str]:
 def load_params(path: str, cfg: ModelConfig) -> dict:
     """Reads an HF directory's safetensors into our param tree (numpy, `cfg.param_dtype`)."""
     files = _weight_files(path)
-    expected = list(tensor_names(cfg))
-    missing = [name for name, _, _ in expected if name not in files]
-    if missing:
-        raise UserError(f"{path}: {len(missing)} weight(s) missing, e.g. {missing[0]!r}; "
-                        "the weights do not match config.json (wrong or incomplete checkpoint)")
-    known = {name for name, _, _ in expected} | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
-    unexpected = sorted(n for n in files if n not in known and not n.endswith(_IGNORED_SUFFIXES))
-    if unexpected:
-        raise UserError(f"{path}: unexpected weight {unexpected[0]!r} (and {len(unexpected) - 1} more); "
-                        f"the weights do not match a {cfg.model_type} config.json")
-    dtype = np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == "bfloat16" else np.dtype(cfg.param_dtype)
-    params: dict = {}
     handles: dict[str, Any] = {}
+
+    def get(name: str) -> np.ndarray:
+        file = files[name]
+        if file not in handles:
+            if not os.path.isfile(file):
+                raise UserError(f"{file} is listed in {_INDEX} but does not exist; the download is incomplete")
+            handles[file] = safe_open(file, framework="numpy")
+        return handles[file].get_tensor(name)
+
     try:
-        for name, ours, transposed in expected:
-            file = files[name]
-            if file not in handles:
-                if not os.path.isfile(file):
-                    raise UserError(f"{file} is listed in {_INDEX} but does not exist; the download is incomplete")
-                handles[file] = safe_open(file, framework="numpy")
-            array = handles[file].get_tensor(name)
-            _check_shape(name, array.shape, _expected_shape(ours, cfg), transposed, path)
-            node = params
-            for key in ours[:-1]:
-                node = node.setdefault(key, {})
-            node[ours[-1]] = (array.T if transposed else array).astype(dtype)
+        return params_from_tensors(files.keys(), get, cfg, path)
     finally:
         for handle in handles.values():
             handle.__exit__(None, None, None)
+
+
+def params_from_tensors(available: Collection[str], get: Callable[[str], np.ndarray], cfg: ModelConfig,
+                        source: str) -> dict:
+    """Our param tree from tensors under their HF names, checking names and shapes against `cfg`."""
+    expected = list(tensor_names(cfg))
+    missing = [name for name, _, _ in expected if name not in available]
+    if missing:
+        raise UserError(f"{source}: {len(missing)} weight(s) missing, e.g. {missing[0]!r}; "
+                        "the weights do not match the config (wrong or incomplete checkpoint)")
+    known = {name for name, _, _ in expected} | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
+    unexpected = sorted(n for n in available if n not in known and not n.endswith(_IGNORED_SUFFIXES))
+    if unexpected:
+        raise UserError(f"{source}: unexpected weight {unexpected[0]!r} (and {len(unexpected) - 1} more); "
+                        f"the weights do not match a {cfg.model_type} config")
+    dtype = np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == "bfloat16" else np.dtype(cfg.param_dtype)
+    params: dict = {}
+    for name, ours, transposed in expected:
+        array = get(name)
+        _check_shape(name, array.shape, _expected_shape(ours, cfg), transposed, source)
+        node = params
+        for key in ours[:-1]:
+            node = node.setdefault(key, {})
+        node[ours[-1]] = (array.T if transposed else array).astype(dtype)
     return stack_layers(params, cfg.num_layers) if cfg.scan_layers else params
 
 

