@@ -74,16 +74,24 @@ class NTPDecoder:
             raise UserError(f"top_p={self.top_p} must be in (0, 1]")
 
     @functools.partial(jax.jit, static_argnames=("self", "capacity"))
-    def decode(self, params: Any, prompt_BT: jax.Array, prompt_lens_B: jax.Array, rng: jax.Array,
-               capacity: int) -> DecodeOutput:
-        """Decodes right-padded prompts `[B, T]` with true lengths `[B]` into a cache of `capacity` slots."""
-        model = Transformer(self.config)
+    def prefill(self, params: Any, prompt_BT: jax.Array, prompt_lens_B: jax.Array,
+                capacity: int) -> tuple[KVCache, jax.Array]:
+        """Caches right-padded prompts `[B, T]` (true lengths `[B]`) but for each row's last token.
+
+        Returns the cache (`capacity` slots per row) and the last prompt tokens `[B]`, fed first.
+        """
         batch, prompt_len = prompt_BT.shape
         positions = jnp.broadcast_to(jnp.arange(prompt_len), (batch, prompt_len))
-        _, kv = model.apply({"params": params}, prompt_BT, positions, compute_logits=False)
-        # Everything but each row's last prompt token is committed; pad slots stay invalid.
+        _, kv = Transformer(self.config).apply({"params": params}, prompt_BT, positions, compute_logits=False)
+        # Pad slots are written too but stay beyond each row's length: never read, later overwritten.
         cache = append(init_cache(self.config, batch, capacity), kv.k, kv.v, prompt_lens_B - 1)
-        last = jnp.take_along_axis(prompt_BT, (prompt_lens_B - 1)[:, None], axis=1)[:, 0]
+        return cache, jnp.take_along_axis(prompt_BT, (prompt_lens_B - 1)[:, None], axis=1)[:, 0]
+
+    @functools.partial(jax.jit, static_argnames=("self",))
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array) -> DecodeOutput:
+        """Generates up to `max_new_tokens` per row, one forward each, stopping rows at EOS."""
+        model = Transformer(self.config)
+        batch = last_token_B.shape[0]
         eos = jnp.asarray(self.eos_ids or (-1,), jnp.int32)
 
         def body(s: DecodeState) -> DecodeState:
@@ -100,7 +108,7 @@ class NTPDecoder:
             return (s.step < self.max_new_tokens) & ~jnp.all(s.done)
 
         state = DecodeState(
-            step=jnp.int32(0), cache=cache, last_token=last,
+            step=jnp.int32(0), cache=cache, last_token=last_token_B,
             tokens=jnp.zeros((batch, self.max_new_tokens), jnp.int32),
             num_tokens=jnp.zeros((batch,), jnp.int32), done=jnp.zeros((batch,), bool), rng=rng,
         )
@@ -116,12 +124,16 @@ _COMPILED: dict[tuple, Any] = {}
 class Generation(NamedTuple):
     token_ids: list[int]  # generated ids, up to and including the first EOS
     nfe: int
-    seconds: float  # decode wall time of the whole batch, compile excluded
 
 
 class BatchTiming(NamedTuple):
     compile_seconds: float
-    decode_seconds: float
+    prefill_seconds: float
+    decode_seconds: float  # the decoding loop of the whole batch; `seconds` = prefill + decode
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, max_cache_len: int | None,
@@ -129,6 +141,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, max_cache
     """Right-pads prompts to a bucket; returns (tokens [B, T], lengths [B], cache capacity)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("every prompt needs at least one token")
+    if max(max(p) for p in prompts) >= config.vocab_size or min(min(p) for p in prompts) < 0:
+        raise UserError(f"a prompt token id is outside the vocabulary [0, {config.vocab_size})")
     lengths = np.array([len(p) for p in prompts], np.int32)
     longest = int(lengths.max())
     needed = longest + max_new_tokens
@@ -144,22 +158,32 @@ def pad_prompts(prompts: Sequence[Sequence[int]], max_new_tokens: int, max_cache
     return tokens, lengths, padded_len + max_new_tokens
 
 
+def _compiled(fn: Any, key: tuple, *args: Any, **static: Any) -> Any:
+    if key not in _COMPILED:
+        _COMPILED[key] = fn.lower(*args, **static).compile()
+    return _COMPILED[key]
+
+
 def generate(decoder: NTPDecoder, params: Any, prompts: Sequence[Sequence[int]], seed: int = 0,
              max_cache_len: int | None = None) -> tuple[list[Generation], BatchTiming]:
-    """Decodes a batch of token-id prompts; compile time is measured apart from decode time."""
+    """Decodes a batch of token-id prompts; compile, prefill and decode times are measured apart."""
     tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, max_cache_len, decoder.config)
-    if max(max(p) for p in prompts) >= decoder.config.vocab_size:
-        raise UserError(f"a prompt token id is >= the vocabulary size {decoder.config.vocab_size}")
-    args = (params, jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(seed))
-    key = (decoder, tokens.shape, capacity)
+    prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
     start = time.perf_counter()
-    if key not in _COMPILED:
-        _COMPILED[key] = NTPDecoder.decode.lower(decoder, *args, capacity=capacity).compile()
-    compiled = _COMPILED[key]
+    prefill = _compiled(NTPDecoder.prefill, ("prefill", decoder, tokens.shape, capacity), decoder,
+                        *prefill_args, capacity=capacity)
+    cache_shape, last_shape = jax.eval_shape(
+        functools.partial(NTPDecoder.prefill, decoder, capacity=capacity), *prefill_args)
+    decode_args = (params, cache_shape, last_shape, jax.random.key(seed))
+    decode = _compiled(NTPDecoder.decode, ("decode", decoder, tokens.shape, capacity), decoder, *decode_args)
     compile_seconds = time.perf_counter() - start
+
     start = time.perf_counter()
-    out = jax.block_until_ready(compiled(*args))
-    seconds = time.perf_counter() - start
+    cache, last = jax.block_until_ready(prefill(*prefill_args))
+    prefill_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(decode(params, cache, last, jax.random.key(seed)))
+    decode_seconds = time.perf_counter() - start
     ids, counts, nfe = (np.asarray(x) for x in out)
-    results = [Generation(ids[b, : counts[b]].tolist(), int(nfe[b]), seconds) for b in range(len(prompts))]
-    return results, BatchTiming(compile_seconds, seconds)
+    results = [Generation(ids[b, : counts[b]].tolist(), int(nfe[b])) for b in range(len(prompts))]
+    return results, BatchTiming(compile_seconds, prefill_seconds, decode_seconds)

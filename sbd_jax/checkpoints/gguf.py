@@ -104,8 +104,8 @@ def load_gguf(path: str, **run_options: Any) -> tuple[ModelConfig, dict]:
             w = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError:
             raise UserError(f"{path}: tensor {tensor.name} has GGUF type {tensor.tensor_type.name}, which the "
-                            "gguf package cannot dequantize; use a file with another quantization "
-                            "(F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_*, Q*_K ...)") from None
+                            "gguf package cannot dequantize; use a file with another type "
+                            "(e.g. F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K)") from None
         w = np.asarray(w, dtype=np.float32).reshape(tuple(reversed([int(d) for d in tensor.shape])))
         if hf_name.endswith("q_proj.weight"):
             w = _unpermute(w, heads)

@@ -1,0 +1,97 @@
+"""Our Flax models against transformers' PyTorch models, fp32: logits within 1e-4, export round trip 1e-5."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from sbd_jax.checkpoints import hf
+from sbd_jax.model import Transformer
+from tests.hf_models import torch_logits
+
+TOKENS = np.random.RandomState(0).randint(0, 97, (2, 48))  # 48 > 32 original positions: llama3 scaling acts
+
+
+def jax_logits(cfg, params, tokens=TOKENS):
+    positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+    logits, _ = jax.jit(Transformer(cfg).apply)({"params": params}, jnp.asarray(tokens), jnp.asarray(positions))
+    return np.asarray(logits)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("num_kv_heads", [1, 2, 4])
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_logits_match_transformers_and_export_round_trips(tiny_hf_dir, tmp_path, model_type, num_kv_heads, tied):
+    path, torch_model = tiny_hf_dir(model_type, num_kv_heads=num_kv_heads, tied=tied,
+                                    llama3_rope=model_type == "llama")
+    cfg = hf.read_config(path)
+    params = hf.load_params(path, cfg)
+    reference = torch_logits(torch_model, TOKENS)
+    np.testing.assert_allclose(jax_logits(cfg, params), reference, atol=1e-4, rtol=0)
+
+    hf.save_hf(str(tmp_path / "export"), cfg, params)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32)
+    assert type(reloaded) is type(torch_model)
+    np.testing.assert_allclose(torch_logits(reloaded.eval(), TOKENS), reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{"scan_layers": True}, {"remat": "full"}, {"scan_layers": True, "remat": "dots"}])
+def test_scan_and_remat_do_not_change_logits_or_gradients(tiny_hf_dir, options):
+    path, torch_model = tiny_hf_dir("qwen3")
+    plain_cfg = hf.read_config(path)
+    cfg = hf.read_config(path, **options)
+    plain, params = hf.load_params(path, plain_cfg), hf.load_params(path, cfg)
+    if cfg.scan_layers:
+        assert params["layers"]["mlp"]["up_proj"]["kernel"].shape[0] == cfg.num_layers
+    np.testing.assert_allclose(jax_logits(cfg, params), torch_logits(torch_model, TOKENS), atol=1e-4, rtol=0)
+
+    def loss(p, c):
+        logits, _ = Transformer(c).apply({"params": p}, TOKENS, np.broadcast_to(np.arange(48), TOKENS.shape))
+        return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, TOKENS[..., None], -1)[..., 0])
+
+    g_plain = jax.grad(loss)(plain, plain_cfg)
+    g = jax.grad(loss)(params, cfg)
+    if cfg.scan_layers:
+        g = hf.unstack_layers(g, cfg.num_layers)
+    for a, b in zip(jax.tree.leaves(g_plain), jax.tree.leaves(g)):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_bf16_compute_runs_in_bf16_and_stays_close(tiny_hf_dir):
+    path, torch_model = tiny_hf_dir("llama")
+    cfg = hf.read_config(path, dtype="bfloat16")
+    params = hf.load_params(path, cfg)
+    positions = np.broadcast_to(np.arange(48), TOKENS.shape)
+    hidden, kv = Transformer(cfg).apply({"params": params}, TOKENS, positions, compute_logits=False)
+    assert hidden.dtype == jnp.bfloat16 and kv.k.dtype == jnp.bfloat16
+    reference = torch_logits(torch_model, TOKENS)
+    # bf16 has an 8-bit mantissa: a few 1e-2 of error on O(1) logits is its expected rounding.
+    err = np.abs(jax_logits(cfg, params) - reference).max()
+    assert err < 0.1 * np.abs(reference).max()
+
+
+def test_bf16_weights_export_and_reload(tiny_hf_dir, tmp_path):
+    path, _ = tiny_hf_dir("qwen2")
+    cfg = hf.read_config(path, param_dtype="bfloat16")
+    params = hf.load_params(path, cfg)
+    assert params["embed_tokens"]["embedding"].dtype == jnp.bfloat16
+    hf.save_hf(str(tmp_path / "bf16"), cfg, params)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert reloaded.model.embed_tokens.weight.dtype == torch.bfloat16
+    again = hf.load_params(str(tmp_path / "bf16"), cfg)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sharded_export_loads_in_both(tiny_hf_dir, tmp_path):
+    path, torch_model = tiny_hf_dir("llama")
+    cfg = hf.read_config(path)
+    params = hf.load_params(path, cfg)
+    out = tmp_path / "sharded"
+    hf.save_hf(str(out), cfg, params, max_shard_bytes=100_000)
+    assert (out / "model.safetensors.index.json").exists() and len(list(out.glob("*.safetensors"))) > 2
+    np.testing.assert_allclose(jax_logits(cfg, hf.load_params(str(out), cfg)), jax_logits(cfg, params), atol=0)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    np.testing.assert_allclose(torch_logits(reloaded, TOKENS), torch_logits(torch_model, TOKENS), atol=1e-5, rtol=0)
