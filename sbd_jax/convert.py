@@ -8,6 +8,8 @@ import sys
 from sbd_jax.checkpoints.hf import save_hf
 from sbd_jax.checkpoints.load import load_model
 from sbd_jax.cli import run_cli
+from sbd_jax.errors import UserError
+from sbd_jax.tokenizer import load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,8 +18,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dst", help="output Hugging Face directory (config.json, safetensors, tokenizer)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype to save")
     args = parser.parse_args(argv)
-    model = load_model(args.src, param_dtype=args.dtype)
-    save_hf(args.dst, model.config, model.params, tokenizer=model.tokenizer)
+    model = load_model(args.src, with_tokenizer=False, param_dtype=args.dtype)
+    try:
+        tokenizer = load_tokenizer(model.source)
+    except UserError as e:  # weights alone are still worth converting
+        print(f"warning: {e}; {args.dst} will have no tokenizer", file=sys.stderr)
+        tokenizer = None
+    save_hf(args.dst, model.config, model.params, tokenizer=tokenizer)
     print(f"wrote {args.dst} ({model.config.model_type}, {model.config.num_layers} layers, {args.dtype})")
 
 

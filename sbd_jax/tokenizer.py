@@ -7,11 +7,17 @@ from typing import Any
 
 from sbd_jax.errors import UserError
 
+# Files any HF tokenizer is built from; without one, transformers would build an empty tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
 
 def load_tokenizer(path: str) -> Any:
     """The tokenizer of an HF directory or a GGUF file (vocab, merges and chat template from its metadata)."""
     from transformers import AutoTokenizer
 
+    if not path.endswith(".gguf") and not any(os.path.isfile(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        raise UserError(f"{path} has no tokenizer ({', '.join(_TOKENIZER_FILES)}); copy the tokenizer files "
+                        "of the original model into it")
     try:
         if path.endswith(".gguf"):
             return AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),

@@ -1,0 +1,69 @@
+"""The command lines as a user runs them: JSON output, and bad input as one line with exit code 2."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import requires_smollm2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, timeout=300):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "XLA_FLAGS": ""})
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[-1]
+
+
+def test_sample_unknown_model():
+    assert_one_line_error(run("sample.py", "--model", "gpt-7", "--prompt", "hi"), "unknown model 'gpt-7'",
+                          "smollm2-135m")
+
+
+def test_sample_unsupported_model_type(tiny_hf_dir):
+    path, _ = tiny_hf_dir("llama")
+    config = json.load(open(os.path.join(path, "config.json")))
+    config["model_type"] = "falcon"
+    json.dump(config, open(os.path.join(path, "config.json"), "w"))
+    assert_one_line_error(run("sample.py", "--model", path, "--prompt", "hi"),
+                          "unsupported model_type 'falcon'", "llama, qwen2, qwen3")
+
+
+def test_sample_missing_weights(tiny_hf_dir):
+    path, _ = tiny_hf_dir("qwen2")
+    os.remove(os.path.join(path, "model.safetensors"))
+    assert_one_line_error(run("sample.py", "--model", path, "--prompt", "hi"), "weights are missing")
+
+
+def test_convert_tiny_directory_and_errors(tiny_hf_dir, tmp_path):
+    path, _ = tiny_hf_dir("qwen3")
+    proc = run("-m", "sbd_jax.convert", path, str(tmp_path / "out"), "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    assert "no tokenizer" in proc.stderr and (tmp_path / "out" / "model.safetensors").exists()
+    assert json.load(open(tmp_path / "out" / "config.json"))["model_type"] == "qwen3"
+    assert_one_line_error(run("-m", "sbd_jax.convert", "/nope/m.gguf", str(tmp_path / "x")), "does not exist")
+
+
+@requires_smollm2
+def test_sample_json_on_smollm2_and_too_long_prompt():
+    proc = run("sample.py", "--model", "smollm2-135m", "--prompt", "What is 2+2?", "--prompt",
+               "Name a color.", "--chat", "--mode", "ntp", "--max-new-tokens", "16", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        assert {"text", "token_ids", "new_tokens", "nfe", "seconds"} <= set(row)
+        assert 0 < row["new_tokens"] == len(row["token_ids"]) == row["nfe"] <= 16
+        assert row["text"].strip() and row["seconds"] > 0
+    assert_one_line_error(run("sample.py", "--prompt", "hi", "--max-new-tokens", "9000"),
+                          "exceeds the model's context (8192)", "lower --max-new-tokens")
