@@ -49,6 +49,7 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    mask_token_id: int | None = None  # SBD's mask token; set by fine-tuning (config.json "sbd_mask_token_id")
     # How to run, not what the weights are:
     dtype: str = "float32"  # activations / matmul inputs
     param_dtype: str = "float32"
@@ -75,6 +76,8 @@ class ModelConfig:
         for name in ("dtype", "param_dtype"):
             if getattr(self, name) not in _DTYPES:
                 raise UserError(f"config {name}={getattr(self, name)!r}: use one of {', '.join(_DTYPES)}")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            raise UserError(f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
         if self.remat not in REMAT_POLICIES:
             raise UserError(f"config remat={self.remat!r}: use one of {', '.join(REMAT_POLICIES)}")
 
@@ -143,6 +146,7 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            mask_token_id=hf.get("sbd_mask_token_id"),
             **run_options,
         )
 
@@ -175,4 +179,6 @@ class ModelConfig:
         }
         if self.model_type != "qwen2":
             hf["attention_bias"] = self.qkv_bias
+        if self.mask_token_id is not None:
+            hf["sbd_mask_token_id"] = self.mask_token_id
         return hf
