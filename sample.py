@@ -1,6 +1,8 @@
-"""Generate text with an sbd_jax model.
+"""Generate text with an sbd_jax model, one token per pass (NTP) or blocks of tokens per pass (SBD).
 
     python sample.py --model smollm2-135m --prompt "What is 2+2?" --chat --mode ntp --max-new-tokens 64 [--json]
+    python sample.py --model DIR --prompt "..." --mode sbd --gamma 0.35 --block-size 16 [--show-passes]
+    python sample.py --model DIR --prompts-file prompts.jsonl --mode sbd   # {"prompt": "..."} per line
 
 `--model` takes a known name (smollm2-135m), a Hugging Face model directory or a .gguf file.
 Bad input ends with a one-line error and exit code 2.
@@ -13,15 +15,25 @@ import json
 import sys
 
 from sbd_jax.cli import run_cli
+from sbd_jax.errors import UserError
+
+_COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model name, HF directory or .gguf file")
-    p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    p.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch")
+    p.add_argument("--prompts-file", help='JSONL file, one {"prompt": "..."} per line, run as one batch')
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
-    p.add_argument("--mode", choices=["ntp"], default="ntp", help="ntp: one token per forward pass")
+    p.add_argument("--mode", choices=["ntp", "sbd"], default="ntp",
+                   help="ntp: one token per forward; sbd: Entropy-Bounded block decoding")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--gamma", type=float, default=0.35, help="SBD: entropy budget per pass (0 = one token)")
+    p.add_argument("--block-size", type=int, default=16, help="SBD: tokens per block")
+    p.add_argument("--proxy", default="entropy", help="SBD: uncertainty score: entropy, confidence or margin")
+    p.add_argument("--mask-token-id", type=int, default=None,
+                   help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -29,24 +41,67 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="KV cache slots per row (default: the model's context length)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    p.add_argument("--show-passes", action="store_true", help="colour each token by the pass that revealed it")
     return p.parse_args(argv)
+
+
+def read_prompts_file(path: str) -> list[str]:
+    """Prompts of a JSONL file; a bad line is named by file and line number."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        raise UserError(f"cannot read --prompts-file {path}: {e.strerror}") from None
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise UserError(f'{path}:{number}: expected an object with a "prompt" string')
+        prompts.append(row["prompt"])
+    if not prompts:
+        raise UserError(f"{path} holds no prompts")
+    return prompts
+
+
+def coloured(tokenizer, token_ids: list[int], passes: list[int]) -> str:
+    return "".join(f"\033[{_COLOURS[p % len(_COLOURS)]}m{tokenizer.decode([t])}\033[0m"
+                   for t, p in zip(token_ids, passes))
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    import jax  # imported after argument parsing so --help and usage errors are instant
+    texts = args.prompt + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
+    if not texts:
+        raise UserError("give at least one --prompt or a --prompts-file")
+    from sbd_jax.sampler import check_decoding_options, check_sbd_options
+
+    check_decoding_options(args.max_new_tokens, args.temperature, args.top_p)  # before the slow model load
+    if args.mode == "sbd":
+        check_sbd_options(args.block_size, args.gamma, args.proxy)
+    import jax
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.sampler import NTPDecoder, generate
+    from sbd_jax.sampler import NTPDecoder, SBDDecoder, generate
     from sbd_jax.tokenizer import encode_prompt
 
-    decoder_options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p)
     model = load_model(args.model, dtype=args.dtype)
-    decoder = NTPDecoder(model.config, eos_ids=model.config.eos_token_ids, **decoder_options)
-    prompts = [encode_prompt(model.tokenizer, text, args.chat) for text in args.prompt]
+    config = model.config
+    if args.mask_token_id is not None:
+        config = config.replace(mask_token_id=args.mask_token_id)
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                  eos_ids=config.eos_token_ids)
+    if args.mode == "sbd":
+        decoder = SBDDecoder(config, block_size=args.block_size, gamma=args.gamma, proxy=args.proxy, **common)
+    else:
+        decoder = NTPDecoder(config, **common)
+    prompts = [encode_prompt(model.tokenizer, text, args.chat) for text in texts]
     results, timing = generate(decoder, jax.device_put(model.params), prompts, seed=args.seed,
                                max_cache_len=args.max_cache_len)
-    for text, result in zip(args.prompt, results):
+    for text, result in zip(texts, results):
         generated = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         n = len(result.token_ids)
         if args.json:
@@ -55,12 +110,23 @@ def main(argv: list[str]) -> None:
                 "nfe": result.nfe, "tokens_per_pass": n / max(result.nfe, 1), "seconds": timing.seconds,
                 "prefill_seconds": timing.prefill_seconds, "decode_seconds": timing.decode_seconds,
                 "compile_seconds": timing.compile_seconds, "batch": len(prompts), "mode": args.mode,
+                **({"gamma": args.gamma, "block_size": args.block_size, "reveal_pass": result.reveal_pass}
+                   if args.mode == "sbd" else {}),
             }))
+        elif args.show_passes:
+            print(coloured(model.tokenizer, result.token_ids, result.reveal_pass))
         else:
             print(generated)
-            print(f"[{args.mode}: {n} tokens in {result.nfe} passes; batch of {len(prompts)}: prefill "
-                  f"{timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "
+        if not args.json and len(texts) == 1:
+            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({n / max(result.nfe, 1):.2f} tokens/pass); "
+                  f"prefill {timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "
                   f"compile {timing.compile_seconds:.1f}s]")
+    if not args.json and len(texts) > 1:
+        tokens = sum(len(r.token_ids) for r in results)
+        passes = sum(r.nfe for r in results)
+        print(f"[{args.mode}, batch of {len(texts)}: {tokens} tokens, mean {tokens / max(passes, 1):.2f} "
+              f"tokens/pass, {tokens / timing.seconds:.1f} tokens/s (prefill {timing.prefill_seconds:.2f}s + "
+              f"decode {timing.decode_seconds:.2f}s), compile {timing.compile_seconds:.1f}s]")
 
 
 if __name__ == "__main__":

@@ -63,16 +63,19 @@ def choose_tokens(logits: jax.Array, rng: jax.Array, temperature: float, top_p: 
 def uncertainty(logits: jax.Array, proxy: str) -> jax.Array:
     """Non-negative uncertainty per position (lower = surer) of the distribution `softmax(logits)`.
 
-    entropy: -sum p log p; confidence: 1 - max p; margin: 1 - (p_top1 - p_top2).
+    entropy: -sum p log p; confidence: 1 - max p; margin: 1 - (p_top1 - p_top2). Written as
+    reductions over `exp(logits - max)` so the vocabulary is swept as few times as possible.
     """
-    log_p = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    p = jnp.exp(log_p)
-    if proxy == "entropy":
-        return -jnp.sum(jnp.where(p > 0, p * log_p, 0.0), axis=-1)
+    shifted = logits.astype(jnp.float32) - jnp.max(logits, axis=-1, keepdims=True).astype(jnp.float32)
+    unnormalised = jnp.exp(shifted)
+    total = jnp.sum(unnormalised, axis=-1)
+    if proxy == "entropy":  # H = log Z - E[shifted]; -inf logits (outside top-p) contribute 0
+        weighted = jnp.sum(jnp.where(unnormalised > 0, unnormalised * shifted, 0.0), axis=-1)
+        return jnp.maximum(jnp.log(total) - weighted / total, 0.0)
     if proxy == "confidence":
-        return 1.0 - jnp.max(p, axis=-1)
-    top2 = jax.lax.top_k(p, 2)[0]
-    return 1.0 - (top2[..., 0] - top2[..., 1])
+        return 1.0 - 1.0 / total
+    second = jax.lax.top_k(shifted, 2)[0][..., 1]
+    return 1.0 - (1.0 - jnp.exp(second)) / total
 
 
 def eb_reveal(scores: jax.Array, still_masked: jax.Array, gamma: jax.Array | float) -> jax.Array:
@@ -93,6 +96,26 @@ def eb_reveal(scores: jax.Array, still_masked: jax.Array, gamma: jax.Array | flo
 
 
 # --------------------------------------------------------------------------- decoders
+def check_decoding_options(max_new_tokens: int, temperature: float, top_p: float) -> None:
+    """Raises UserError for settings no decoder accepts (callable before any model is loaded)."""
+    if max_new_tokens < 1:
+        raise UserError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if temperature < 0:
+        raise UserError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if not 0.0 < top_p <= 1.0:
+        raise UserError(f"top_p={top_p} must be in (0, 1]")
+
+
+def check_sbd_options(block_size: int, gamma: float, proxy: str) -> None:
+    """Raises UserError for SBD settings that cannot work (callable before any model is loaded)."""
+    if block_size < 1:
+        raise UserError(f"block_size={block_size} must be >= 1")
+    if gamma < 0:
+        raise UserError(f"gamma={gamma} must be >= 0 (0 reveals one token per pass)")
+    if proxy not in PROXIES:
+        raise UserError(f"unknown proxy {proxy!r}: use one of {', '.join(PROXIES)}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Decoder:
     """What every decoding mode shares. Hashable: jitted methods take `self` as a static argument."""
@@ -104,17 +127,16 @@ class Decoder:
     eos_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise UserError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-        if self.temperature < 0:
-            raise UserError(f"temperature={self.temperature} must be >= 0 (0 = greedy)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise UserError(f"top_p={self.top_p} must be in (0, 1]")
+        check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
 
     @property
     def output_len(self) -> int:
         """Width of the generated-token buffer (and of cache slots needed past the prompt)."""
         return self.max_new_tokens
+
+    @property
+    def output_label(self) -> str:
+        return "max_new_tokens"
 
     def dynamic_args(self) -> tuple:
         """Traced arguments of `decode` after the rng (values that must not trigger a recompile)."""
@@ -182,12 +204,7 @@ class SBDDecoder(Decoder):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.block_size < 1:
-            raise UserError(f"block_size={self.block_size} must be >= 1")
-        if self.gamma < 0:
-            raise UserError(f"gamma={self.gamma} must be >= 0 (0 reveals one token per pass)")
-        if self.proxy not in PROXIES:
-            raise UserError(f"unknown proxy {self.proxy!r}: use one of {', '.join(PROXIES)}")
+        check_sbd_options(self.block_size, self.gamma, self.proxy)
         if self.config.mask_token_id is None:
             raise UserError("this model has no mask token configured, so it cannot decode blocks: fine-tune it "
                             "with train.py (which sets one) or pass --mask-token-id")
@@ -199,6 +216,10 @@ class SBDDecoder(Decoder):
     @property
     def output_len(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def output_label(self) -> str:
+        return f"max_new_tokens in whole blocks of {self.block_size}"
 
     def dynamic_args(self) -> tuple:
         return (jnp.float32(self.gamma),)
@@ -313,7 +334,7 @@ class BatchTiming(NamedTuple):
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], new_slots: int, max_cache_len: int | None,
-                config: ModelConfig) -> tuple[np.ndarray, np.ndarray, int]:
+                config: ModelConfig, new_label: str = "max_new_tokens") -> tuple[np.ndarray, np.ndarray, int]:
     """Right-pads prompts to a bucket; returns (tokens [B, T], lengths [B], cache capacity)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("every prompt needs at least one token")
@@ -325,9 +346,8 @@ def pad_prompts(prompts: Sequence[Sequence[int]], new_slots: int, max_cache_len:
     limit = config.max_position_embeddings if max_cache_len is None else max_cache_len
     if needed > limit:
         what = "the model's context" if max_cache_len is None else "the cache size"
-        raise UserError(f"prompt ({longest} tokens) + generated tokens ({new_slots}, max_new_tokens rounded up "
-                        f"to whole blocks) = {needed} exceeds {what} ({limit}); shorten the prompt or lower "
-                        "--max-new-tokens")
+        raise UserError(f"prompt ({longest} tokens) + {new_label} ({new_slots}) = {needed} exceeds {what} "
+                        f"({limit}); shorten the prompt or lower --max-new-tokens")
     padded_len = min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, limit - new_slots)
     tokens = np.zeros((len(prompts), padded_len), np.int32)
     for row, prompt in enumerate(prompts):
@@ -349,7 +369,8 @@ def _compiled(fn: Any, key: tuple, *args: Any, **static: Any) -> Any:
 def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], seed: int = 0,
              max_cache_len: int | None = None) -> tuple[list[Generation], BatchTiming]:
     """Decodes a batch of token-id prompts; compile, prefill and decode times are measured apart."""
-    tokens, lengths, capacity = pad_prompts(prompts, decoder.output_len, max_cache_len, decoder.config)
+    tokens, lengths, capacity = pad_prompts(prompts, decoder.output_len, max_cache_len, decoder.config,
+                                            decoder.output_label)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
     start = time.perf_counter()
     prefill = _compiled(type(decoder).prefill, ("prefill", decoder, tokens.shape, capacity), decoder,

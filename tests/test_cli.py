@@ -67,3 +67,37 @@ def test_sample_json_on_smollm2_and_too_long_prompt():
         assert row["text"].strip() and row["seconds"] > 0
     assert_one_line_error(run("sample.py", "--prompt", "hi", "--max-new-tokens", "9000"),
                           "exceeds the model's context (8192)", "lower --max-new-tokens")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gamma", "-1"], "gamma=-1.0 must be >= 0"),
+    (["--block-size", "0"], "block_size=0 must be >= 1"),
+    (["--proxy", "vibes"], "unknown proxy 'vibes'"),
+    (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
+])
+def test_sample_bad_sbd_options(flags, message):
+    assert_one_line_error(run("sample.py", "--prompt", "hi", "--mode", "sbd", *flags), message)
+
+
+def test_sample_malformed_prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\n{"prompt": \n')
+    assert_one_line_error(run("sample.py", "--prompts-file", str(path)), f"{path}:2: not valid JSON")
+    path.write_text('{"text": "no prompt key"}\n')
+    assert_one_line_error(run("sample.py", "--prompts-file", str(path)), f'{path}:1: expected an object with a "prompt"')
+
+
+@requires_smollm2
+def test_sample_sbd_on_smollm2(tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "What is 2+2?"}\n{"prompt": "Name a color."}\n')
+    common = ["sample.py", "--prompts-file", str(prompts), "--chat", "--mode", "sbd", "--max-new-tokens", "16",
+              "--block-size", "4", "--gamma", "0.5"]
+    assert_one_line_error(run(*common), "no mask token configured", "--mask-token-id")
+    proc = run(*common, "--mask-token-id", "4", "--json")
+    assert proc.returncode == 0, proc.stderr
+    for row in map(json.loads, proc.stdout.strip().splitlines()):
+        assert row["mode"] == "sbd" and row["block_size"] == 4 and len(row["reveal_pass"]) == row["new_tokens"]
+        assert 0 < row["nfe"] and row["tokens_per_pass"] == row["new_tokens"] / row["nfe"]
+    shown = run(*common, "--mask-token-id", "4", "--show-passes")
+    assert shown.returncode == 0 and "\x1b[3" in shown.stdout and "mean" in shown.stdout

@@ -185,5 +185,5 @@ def test_model_without_mask_token():
 
 
 def test_block_larger_than_the_cache_allows(params):
-    with pytest.raises(UserError, match="rounded up to whole blocks\\) = 73 exceeds the cache size \\(64\\)"):
+    with pytest.raises(UserError, match="whole blocks of 64 \\(64\\) = 73 exceeds the cache size \\(64\\)"):
         generate(SBDDecoder(CFG, max_new_tokens=8, block_size=64), params, PROMPTS, max_cache_len=64)
