@@ -1,31 +1,61 @@
-"""The one place that computes attention.
+"""The one place that computes attention and picks how.
 
-Today: the plain XLA dot-product reference. Faster kernels (blockwise, splash, GPU) plug in here,
-behind the same signature, and must agree with it.
+Implementations:
+- `reference`: plain XLA dot-product attention with a dense boolean mask. Decoding always uses it:
+  the cache and the new tokens are two key parts, so the cache is read in place, once per pass.
+- `blockwise`: for the SBD training layout, a memory-efficient online-softmax loop over query and key
+  tiles that never materialises a `[2L, 2L]` score matrix and skips, at trace time, every key tile the
+  mask rules out entirely (about 3/4 of them on this layout). Pure XLA, so it runs on CPU, GPU and TPU.
+`auto` takes `blockwise` for SBD training sequences of 2L >= 1024 whose length a tile divides, else
+`reference`. (No Pallas kernel yet: TPU splash attention and a GPU kernel would plug in here.)
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-KeyPart = tuple[jax.Array, jax.Array, jax.Array]  # k [B,S,K,H], v [B,S,K,H], mask [B|1, T, S]
+from sbd_jax.masks import SBDTrainingMask, sbd_training_mask
+
+IMPLEMENTATIONS = ("auto", "reference", "blockwise")
+_TILES = (512, 256, 128)
+_NEG = -1e30  # finite: a fully masked tile row must not turn into NaN
+
+KeyPart = tuple[jax.Array, jax.Array, Any]  # k [B,S,K,H], v [B,S,K,H], mask: bool [B|1,T,S] or SBDTrainingMask
 
 
-def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart]) -> jax.Array:
+def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto") -> jax.Array:
     """Softmax attention of queries over the concatenation of several key/value parts.
 
-    A part is `(k_BSKH, v_BSKH, mask)` with a boolean mask broadcastable to `[B, T, S]`
-    (True = may attend). Decoding passes the cache and the new tokens as two parts, so the cache is
-    read in place, never copied or concatenated. Grouped-query attention: query head n uses kv head
-    n // (N // K). Scores and softmax in float32; every query must see at least one key.
+    A part is `(k_BSKH, v_BSKH, mask)`; the mask is boolean broadcastable to `[B, T, S]` (True = may
+    attend) or, for a single part, an `SBDTrainingMask`. Grouped-query attention: query head n uses
+    kv head n // (N // K). Scores and softmax in float32; every query must see at least one key.
     """
+    if len(parts) == 1 and isinstance(parts[0][2], SBDTrainingMask):
+        k, v, mask = parts[0]
+        tile = _tile_for(mask.seq_len)
+        if impl == "blockwise" or (impl == "auto" and tile is not None and 2 * mask.seq_len >= 1024):
+            return blockwise_sbd_attention(q_BTNH, k, v, mask, tile or _TILES[-1])
+        parts = [(k, v, mask.dense())]
+    return reference_attention(q_BTNH, parts)
+
+
+def _tile_for(seq_len: int) -> int | None:
+    return next((t for t in _TILES if seq_len % t == 0), None)
+
+
+def _grouped(q_BTNH: jax.Array, num_kv: int) -> jax.Array:
+    b, t, n, h = q_BTNH.shape
+    return q_BTNH.reshape(b, t, num_kv, n // num_kv, h)
+
+
+def reference_attention(q_BTNH: jax.Array, parts: Sequence[KeyPart]) -> jax.Array:
+    """Dense attention; decoding passes the cache and the new tokens as two parts."""
     batch, num_q, num_heads, head_dim = q_BTNH.shape
-    num_kv = parts[0][0].shape[2]
-    groups = num_heads // num_kv
-    q = q_BTNH.reshape(batch, num_q, num_kv, groups, head_dim)
+    q = _grouped(q_BTNH, parts[0][0].shape[2])
     neg = jnp.finfo(jnp.float32).min
     scores = []
     for k, _, mask in parts:
@@ -33,10 +63,56 @@ def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart]) -> jax.Array:
         mask_B11TS = jnp.broadcast_to(mask, (batch,) + mask.shape[-2:])[:, None, None]
         scores.append(jnp.where(mask_B11TS, s, neg))
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
-    out = jnp.zeros((batch, num_kv, groups, num_q, head_dim), jnp.float32)
+    out = jnp.zeros(q.shape[:1] + q.shape[2:4] + (num_q, head_dim), jnp.float32)
     start = 0
     for k, v, _ in parts:
         p = probs[..., start:start + k.shape[1]].astype(v.dtype)
         out = out + jnp.einsum("bkgts,bskh->bkgth", p, v, preferred_element_type=jnp.float32)
         start += k.shape[1]
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, num_q, num_heads, head_dim).astype(q_BTNH.dtype)
+
+
+def blockwise_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
+                            tile: int) -> jax.Array:
+    """Flash-style attention over the SBD training layout, visiting only key tiles the mask allows.
+
+    The tile schedule is computed in numpy from (L, block size), so it is static; segment ids (packing)
+    are applied inside each visited tile. The per-tile step is rematerialised, so the backward pass
+    keeps only the running (output, max, sum) per visited tile, never a score matrix.
+    """
+    batch, total, num_heads, head_dim = q_BTNH.shape
+    if total % tile:
+        raise ValueError(f"sequence length {total} is not a multiple of the tile {tile}")
+    num_kv = k_BSKH.shape[2]
+    q = _grouped(q_BTNH, num_kv)
+    groups = q.shape[3]
+    allowed = sbd_training_mask(mask.seq_len, mask.block_size)
+    tiles = total // tile
+    visit = allowed.reshape(tiles, tile, tiles, tile).any(axis=(1, 3))  # [q tile, kv tile]
+    outputs = []
+    for qi in range(tiles):
+        q_tile = q[:, qi * tile:(qi + 1) * tile]
+        q_idx = qi * tile + jnp.arange(tile)
+
+        @jax.checkpoint
+        def step(carry, kj, q_tile=q_tile, q_idx=q_idx):
+            out, running_max, running_sum = carry
+            k_tile = jax.lax.dynamic_slice_in_dim(k_BSKH, kj * tile, tile, axis=1)
+            v_tile = jax.lax.dynamic_slice_in_dim(v_BSKH, kj * tile, tile, axis=1)
+            s = jnp.einsum("btkgh,bskh->bkgts", q_tile, k_tile, preferred_element_type=jnp.float32)
+            ok = mask.allowed(q_idx, kj * tile + jnp.arange(tile))[:, None, None]  # [B,1,1,tq,tk]
+            s = jnp.where(ok, s * head_dim**-0.5, _NEG)
+            new_max = jnp.maximum(running_max, s.max(axis=-1))
+            p = jnp.where(ok, jnp.exp(s - new_max[..., None]), 0.0)
+            rescale = jnp.exp(running_max - new_max)
+            out = out * rescale[..., None] + jnp.einsum("bkgts,bskh->bkgth", p.astype(v_tile.dtype), v_tile,
+                                                        preferred_element_type=jnp.float32)
+            return (out, new_max, running_sum * rescale + p.sum(axis=-1)), None
+
+        init = (jnp.zeros((batch, num_kv, groups, tile, head_dim), jnp.float32),
+                jnp.full((batch, num_kv, groups, tile), _NEG, jnp.float32),
+                jnp.zeros((batch, num_kv, groups, tile), jnp.float32))
+        (out, _, total_p), _ = jax.lax.scan(step, init, jnp.asarray(np.flatnonzero(visit[qi]), jnp.int32))
+        outputs.append(out / jnp.maximum(total_p, 1e-30)[..., None])
+    out = jnp.concatenate(outputs, axis=3)  # [B, K, G, T, H]
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, total, num_heads, head_dim).astype(q_BTNH.dtype)

@@ -11,6 +11,7 @@ from sbd_jax.errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 REMAT_POLICIES = ("none", "full", "dots")
+ATTENTION_IMPLS = ("auto", "reference", "blockwise")  # see attention.py
 _DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -55,6 +56,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = False
     remat: str = "none"
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -80,6 +82,8 @@ class ModelConfig:
             raise UserError(f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
         if self.remat not in REMAT_POLICIES:
             raise UserError(f"config remat={self.remat!r}: use one of {', '.join(REMAT_POLICIES)}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise UserError(f"config attention={self.attention!r}: use one of {', '.join(ATTENTION_IMPLS)}")
 
     @property
     def compute_dtype(self) -> jnp.dtype:

@@ -6,8 +6,14 @@ visible up to each row's cache length (the cache holds only the causal past).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from sbd_jax.errors import UserError
 
 
 def causal(num_tokens: int) -> jax.Array:
@@ -33,3 +39,51 @@ def from_block_ids(block_ids_BT: jax.Array) -> jax.Array:
 def same_segment(segment_ids_BT: jax.Array) -> jax.Array:
     """`[B, T, T]`: tokens of different packed documents never see each other."""
     return segment_ids_BT[:, None, :] == segment_ids_BT[:, :, None]
+
+
+# --------------------------------------------------------------------------- SBD training layout
+def sbd_allowed(q_idx: Any, kv_idx: Any, seq_len: int, block_size: int) -> Any:
+    """SPEC §2 on the `[clean x_1..x_L | noisy x̂_1..x̂_L]` layout, for (broadcastable) index arrays.
+
+    clean->clean causal; noisy->noisy within the same block; noisy->clean only for clean tokens of
+    earlier blocks; clean->noisy never. Works on numpy and jax arrays alike.
+    """
+    q_noisy, kv_noisy = q_idx >= seq_len, kv_idx >= seq_len
+    q_block = (q_idx - seq_len * q_noisy) // block_size
+    kv_block = (kv_idx - seq_len * kv_noisy) // block_size
+    clean_clean = ~q_noisy & ~kv_noisy & (kv_idx <= q_idx)
+    noisy_noisy = q_noisy & kv_noisy & (q_block == kv_block)
+    noisy_clean = q_noisy & ~kv_noisy & (q_block > kv_block)
+    return clean_clean | noisy_noisy | noisy_clean
+
+
+def sbd_training_mask(seq_len: int, block_size: int) -> np.ndarray:
+    """bool `[2*seq_len, 2*seq_len]`, True = may attend; no packing."""
+    if seq_len < 1 or block_size < 1:
+        raise UserError(f"seq_len={seq_len} and block_size={block_size} must be >= 1")
+    idx = np.arange(2 * seq_len)
+    return sbd_allowed(idx[:, None], idx[None, :], seq_len, block_size)
+
+
+@struct.dataclass
+class SBDTrainingMask:
+    """The SBD training mask, kept symbolic so attention kernels can skip tiles it rules out.
+
+    `segment_ids` `[B, 2L]` (the clean half's ids repeated for the noisy half) additionally keep packed
+    documents apart; 0 marks padding.
+    """
+
+    segment_ids: jax.Array
+    seq_len: int = struct.field(pytree_node=False)
+    block_size: int = struct.field(pytree_node=False)
+
+    def allowed(self, q_idx: jax.Array, kv_idx: jax.Array) -> jax.Array:
+        """`[B, len(q_idx), len(kv_idx)]` for index vectors."""
+        structure = sbd_allowed(q_idx[:, None], kv_idx[None, :], self.seq_len, self.block_size)
+        q_seg = jnp.take(self.segment_ids, q_idx, axis=1)
+        kv_seg = jnp.take(self.segment_ids, kv_idx, axis=1)
+        return structure[None] & (q_seg[:, :, None] == kv_seg[:, None, :])
+
+    def dense(self) -> jax.Array:
+        idx = jnp.arange(2 * self.seq_len)
+        return self.allowed(idx, idx)

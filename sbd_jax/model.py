@@ -73,7 +73,7 @@ class Attention(nn.Module):
         if cache_kv is not None:
             cache_k, cache_v, cache_mask = cache_kv
             parts.insert(0, (cache_k.astype(k_BTKH.dtype), cache_v.astype(v_BTKH.dtype), cache_mask))
-        out = attention(q_BTNH, parts).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
+        out = attention(q_BTNH, parts, cfg.attention).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
         return _dense(cfg.hidden_size, cfg.o_bias, "o_proj", cfg)(out), (k_BTKH, v_BTKH)
 
 
@@ -122,13 +122,14 @@ class Transformer(nn.Module):
         self,
         tokens_BT: jax.Array,
         positions_BT: jax.Array,
-        mask: jax.Array | None = None,
+        mask: jax.Array | masks.SBDTrainingMask | None = None,
         cache: KVCache | None = None,
         compute_logits: bool = True,
     ) -> tuple[jax.Array, NewKV]:
         """Runs the model on `tokens_BT` at `positions_BT`.
 
-        mask: boolean `[T, T]` or `[B, T, T]` among these tokens (default causal).
+        mask: boolean `[T, T]` or `[B, T, T]` among these tokens (default causal), or an
+            `SBDTrainingMask` for the clean|noisy training layout.
         cache: if given, the tokens also see each row's first `cache.lengths[b]` cached slots.
         Returns logits `[B, T, vocab]` in float32 (or the final hidden states when
         `compute_logits=False`) and the tokens' K/V for `kv_cache.append`.
@@ -167,6 +168,13 @@ class Transformer(nn.Module):
         else:
             logits = _dense(cfg.vocab_size, False, "lm_head", cfg)(x)
         return logits.astype(jnp.float32), NewKV(k_new, v_new)
+
+
+def output_kernel(params: dict, config: ModelConfig) -> jax.Array:
+    """The `[hidden, vocab]` matrix that turns final hidden states into logits (tied or not)."""
+    if config.tie_word_embeddings:
+        return params["embed_tokens"]["embedding"].T
+    return params["lm_head"]["kernel"]
 
 
 def init_params(config: ModelConfig, seed: int = 0) -> dict:

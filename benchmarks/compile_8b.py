@@ -1,0 +1,93 @@
+"""Lower and compile the SBD train step of the 8B configs on simulated devices; report per-device memory.
+
+    python benchmarks/compile_8b.py [--config configs/llama3_8b.py] [--devices 8] [--micro-batch 8]
+
+No weights are loaded: parameter and optimizer shapes come from `jax.eval_shape`. The memory figures
+are XLA's own accounting of the compiled executable for one device (arguments, outputs, temporaries),
+the number that must fit a GPU. Writes benchmarks/results/compile_8b_<config>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: int | None = None) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from sbd_jax import sharding
+    from sbd_jax.config import ModelConfig, RopeScaling
+    from sbd_jax.model import Transformer, init_params
+    from sbd_jax.objective import Batch
+    from sbd_jax.trainer import TrainState, jitted_train_step, make_optimizer
+
+    spec = importlib.util.spec_from_file_location("config_module", config_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    if seq_len:
+        cfg.data.seq_len = seq_len
+    arch = dict(module.ARCHITECTURE)
+    if arch.get("rope_scaling"):
+        arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
+    config = ModelConfig(**arch, dtype=cfg.model.dtype, param_dtype="float32", scan_layers=cfg.model.scan_layers,
+                         remat=cfg.model.remat, attention=cfg.model.attention, mask_token_id=0)
+    cfg.train.grad_accum = 1  # memory is per micro-batch; accumulation only adds a grads-sized buffer
+    cfg.train.batch_size = micro_batch
+    mesh = sharding.make_mesh(tuple(cfg.mesh), jax.devices()[:devices])
+    tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
+    params = jax.eval_shape(lambda: init_params(config))
+    opt_state = jax.eval_shape(tx.init, params)
+    state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)
+    state_sh = TrainState(sharding.replicated(mesh), sharding.param_shardings(params, mesh),
+                          sharding.param_shardings(opt_state, mesh))
+    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state, state_sh)
+    shape = (micro_batch, cfg.data.seq_len)
+    batch_sh = sharding.batch_sharding(mesh)
+    batch = Batch(*[jax.ShapeDtypeStruct(shape, d, sharding=batch_sh) for d in (jnp.int32,) * 3 + (jnp.bool_,)])
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding.replicated(mesh))
+    step = jitted_train_step(cfg, Transformer(config), tx, schedule, mesh, state_sh, block_size=16)
+    began = time.perf_counter()
+    lowered = step.lower(abstract, batch, rng)
+    compiled = lowered.compile()
+    seconds = time.perf_counter() - began
+    memory = compiled.memory_analysis()
+    gib = 2**30
+    per_device = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                  - memory.alias_size_in_bytes)
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    return {"config": os.path.basename(config_path), "params_billion": n_params / 1e9, "devices": devices,
+            "mesh": dict(mesh.shape), "micro_batch": micro_batch, "seq_len": cfg.data.seq_len,
+            "compile_seconds": seconds, "argument_gib": memory.argument_size_in_bytes / gib,
+            "output_gib": memory.output_size_in_bytes / gib, "temp_gib": memory.temp_size_in_bytes / gib,
+            "alias_gib": memory.alias_size_in_bytes / gib, "per_device_gib": per_device / gib}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", nargs="+", default=["configs/llama3_8b.py", "configs/qwen3_8b.py"])
+    parser.add_argument("--devices", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=None)
+    args = parser.parse_args()
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
+    for path in args.config:
+        report = compile_report(os.path.join(ROOT, path) if not os.path.isabs(path) else path, args.devices,
+                                args.micro_batch, args.seq_len)
+        print(json.dumps(report), flush=True)
+        out = os.path.join(ROOT, "benchmarks", "results", f"compile_8b_{os.path.basename(path)[:-3]}.json")
+        with open(out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

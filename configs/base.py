@@ -1,0 +1,55 @@
+"""Defaults shared by every training config; each config file starts from `get_base()`."""
+
+import ml_collections
+
+
+def get_base() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.multihost = False  # True: jax.distributed.initialize() (one process per host)
+    c.mesh = (1, -1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
+    c.export_hf = True  # write workdir/hf (an HF directory with the mask token) at the end
+
+    c.model = ml_collections.ConfigDict()
+    c.model.name = ""  # a model to fine-tune: known name, HF directory or .gguf file
+    c.model.architecture = ml_collections.config_dict.placeholder(dict)  # or random init of this ModelConfig
+    c.model.tokenizer = ""  # with `architecture`: where the tokenizer comes from (name / dir / gguf)
+    c.model.dtype = "float32"  # compute dtype; master weights and optimizer state stay float32
+    c.model.scan_layers = False
+    c.model.remat = "none"  # none | full | dots
+    c.model.attention = "auto"  # auto | reference | blockwise
+
+    c.data = ml_collections.ConfigDict()
+    c.data.files = ()  # JSONL (text / messages) or text files, globs allowed; a tuple, for --config overrides
+    c.data.seq_len = 256
+    c.data.mask_token = "new"  # 'new' (a new embedding row), an existing token's text, or its id ("198")
+
+    c.objective = ml_collections.ConfigDict()
+    c.objective.kind = "sbd"  # sbd | ntp (baseline)
+    c.objective.block_size_min = 2
+    c.objective.block_size_max = 16
+    c.objective.w_ntp = 1.0
+    c.objective.w_matp = 1.0
+    c.objective.eta_min = 0.0
+    c.objective.eta_max = 1.0
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 100
+    c.train.batch_size = 8
+    c.train.grad_accum = 1
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.lr = 3e-4
+    c.optimizer.warmup_steps = 10
+    c.optimizer.final_lr_ratio = 0.1
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.95
+    c.optimizer.eps = 1e-8
+    c.optimizer.weight_decay = 0.1
+    c.optimizer.clip_norm = 1.0
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 50
+    c.checkpoint.keep = 3
+    c.checkpoint.async_save = True
+    return c

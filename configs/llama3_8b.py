@@ -1,0 +1,30 @@
+"""Llama-3.1-8B with the paper's SBD recipe (AdamW, lr 3e-4, warmup 200, cosine, ~2M tokens/batch).
+
+For 8 GPUs: fsdp over all devices. On a TPU slice, set --config.mesh='(1,-1,1)' (fsdp) or add tensor.
+    python train.py --config configs/llama3_8b.py --workdir runs/llama3 --config.model.name=/path/to/Llama-3.1-8B
+"""
+
+from configs.base import get_base
+
+ARCHITECTURE = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                    num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
+                    rope_theta=500000.0, max_position_embeddings=131072, tie_word_embeddings=False,
+                    rope_scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                      original_max_position_embeddings=8192))
+
+
+def get_config():
+    c = get_base()
+    c.model.name = ""  # an HF directory of Llama-3.1-8B(-Instruct)
+    c.model.dtype = "bfloat16"
+    c.model.scan_layers = True
+    c.model.remat = "full"
+    c.mesh = (1, -1, 1)
+    c.data.seq_len = 4096
+    c.train.steps = 34000
+    c.train.batch_size = 512  # 512 x 4096 = 2.1M tokens
+    c.train.grad_accum = 64
+    c.optimizer.lr = 3e-4
+    c.optimizer.warmup_steps = 200
+    c.checkpoint.every = 500
+    return c

@@ -1,0 +1,28 @@
+"""Qwen3-8B with the paper's SBD recipe (AdamW, lr 3e-4, warmup 200, cosine, ~2M tokens/batch).
+
+    python train.py --config configs/qwen3_8b.py --workdir runs/qwen3 --config.model.name=/path/to/Qwen3-8B
+"""
+
+from configs.base import get_base
+
+ARCHITECTURE = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+                    num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
+                    rope_theta=1000000.0, max_position_embeddings=40960, tie_word_embeddings=False,
+                    qk_norm=True)
+
+
+def get_config():
+    c = get_base()
+    c.model.name = ""  # an HF directory of Qwen3-8B
+    c.model.dtype = "bfloat16"
+    c.model.scan_layers = True
+    c.model.remat = "full"
+    c.mesh = (1, -1, 1)
+    c.data.seq_len = 4096
+    c.train.steps = 34000
+    c.train.batch_size = 512
+    c.train.grad_accum = 64
+    c.optimizer.lr = 3e-4
+    c.optimizer.warmup_steps = 200
+    c.checkpoint.every = 500
+    return c

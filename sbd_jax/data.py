@@ -1,0 +1,154 @@
+"""Training data: local JSONL (`text` or chat `messages`) and plain text files -> packed Grain batches.
+
+Documents are tokenized (chat through the model's template, loss on assistant tokens only), packed
+greedily into fixed-length rows with segment ids and per-document positions, then served by a Grain
+`MapDataset`: deterministic shuffle, sharded per host, and an iterator whose state is checkpointed.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import grain
+import jax
+import numpy as np
+
+from sbd_jax.errors import UserError
+
+
+class Document(NamedTuple):
+    ids: list[int]
+    loss_mask: list[bool]
+
+
+class Packed(NamedTuple):
+    """`[N, L]` arrays of packed rows (see objective.Batch)."""
+
+    tokens: np.ndarray
+    segment_ids: np.ndarray
+    positions: np.ndarray
+    loss_mask: np.ndarray
+
+
+def expand_paths(patterns: Sequence[str]) -> list[str]:
+    """Files named by paths or glob patterns, sorted; a pattern matching nothing is an error."""
+    files: list[str] = []
+    for pattern in patterns:
+        matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
+        if not matched:
+            raise UserError(f"data file {pattern!r} does not exist (or the pattern matches nothing)")
+        files.extend(f for f in matched if os.path.isfile(f))
+    if not files:
+        raise UserError("no data files: set config.data.files to JSONL or text files")
+    return files
+
+
+def read_records(path: str) -> Iterator[dict[str, Any]]:
+    """Records of one file: each JSONL line (`text` or `messages`), or a whole text file as one `text`."""
+    if not path.endswith((".jsonl", ".json")):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        if text.strip():
+            yield {"text": text}
+        return
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+            ok_text = isinstance(record, dict) and isinstance(record.get("text"), str)
+            ok_chat = isinstance(record, dict) and isinstance(record.get("messages"), list) and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in record["messages"])
+            if not (ok_text or ok_chat):
+                raise UserError(f'{path}:{number}: expected {{"text": "..."}} or {{"messages": [{{"role": ..., '
+                                f'"content": ...}}, ...]}}')
+            yield record
+
+
+def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
+    """Token ids and loss mask: every token of plain text; only assistant turns of a chat."""
+    if "text" in record:
+        ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"]
+        eos = tokenizer.eos_token_id
+        if eos is not None:
+            ids = ids + [eos]  # documents end with EOS, so models learn to stop
+        return Document(ids, [True] * len(ids))
+    messages = record["messages"]
+    ids: list[int] = []
+    loss: list[bool] = []
+    for turn in range(len(messages)):
+        # Render growing prefixes; the new tokens of each prefix belong to that turn.
+        rendered = tokenizer.apply_chat_template(messages[: turn + 1], tokenize=True, return_dict=False)
+        if rendered[: len(ids)] != ids:
+            raise UserError("the chat template does not render conversations incrementally; "
+                            "assistant-only loss masks cannot be derived for it")
+        new = rendered[len(ids):]
+        ids += new
+        loss += [messages[turn]["role"] == "assistant"] * len(new)
+    return Document(ids, loss)
+
+
+def pack(documents: Sequence[Document], seq_len: int) -> Packed:
+    """Concatenates documents and cuts the stream into rows of `seq_len` (the last row padded).
+
+    A document that does not fit the rest of a row continues at the start of the next one; segment
+    ids keep documents apart, positions count from 0 in each document piece of a row.
+    """
+    lengths = [len(d.ids) for d in documents]
+    flat_tokens = np.concatenate([np.asarray(d.ids, np.int32) for d in documents])
+    flat_loss = np.concatenate([np.asarray(d.loss_mask, bool) for d in documents])
+    flat_segments = np.repeat(np.arange(1, len(documents) + 1, dtype=np.int32), lengths)
+    rows = -(-len(flat_tokens) // seq_len)
+    pad = rows * seq_len - len(flat_tokens)
+    tokens = np.pad(flat_tokens, (0, pad)).reshape(rows, seq_len)
+    segments = np.pad(flat_segments, (0, pad)).reshape(rows, seq_len)
+    loss_mask = np.pad(flat_loss, (0, pad)).reshape(rows, seq_len)
+    return Packed(tokens, segments, segment_positions(segments), loss_mask)
+
+
+def segment_positions(segments: np.ndarray) -> np.ndarray:
+    """Position of each token within its run of equal segment ids in the row."""
+    index = np.broadcast_to(np.arange(segments.shape[1]), segments.shape)
+    starts = np.ones(segments.shape, bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    return (index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)).astype(np.int32)
+
+
+def load_packed(files: Sequence[str], tokenizer: Any, seq_len: int) -> Packed:
+    documents = [tokenize(r, tokenizer) for path in expand_paths(files) for r in read_records(path)]
+    documents = [d for d in documents if d.ids]
+    if not documents:
+        raise UserError(f"the data files {list(files)} hold no text")
+    if not any(any(d.loss_mask) for d in documents):
+        raise UserError("no token in the data carries loss (chat data without assistant turns?)")
+    return pack(documents, seq_len)
+
+
+def check_mask_token_unused(packed: Packed, mask_id: int) -> None:
+    used = int((packed.tokens[packed.segment_ids > 0] == mask_id).sum())
+    if used:
+        raise UserError(f"mask token id {mask_id} occurs {used} times in the training data; choose a token "
+                        "the data never uses (or data.mask_token='new' for a new embedding row)")
+
+
+def make_dataset(packed: Packed, global_batch: int, seed: int, num_steps: int) -> grain.MapDataset:
+    """Batches of this host's share of the rows, reshuffled every epoch, enough for `num_steps`."""
+    host_batch, rem = divmod(global_batch, jax.process_count())
+    if rem:
+        raise UserError(f"batch_size={global_batch} is not divisible by the {jax.process_count()} hosts")
+    rows = len(packed.tokens)
+    if rows < global_batch:
+        raise UserError(f"the data packs into {rows} rows of the sequence length, fewer than batch_size="
+                        f"{global_batch}; add data or lower batch_size / seq_len")
+    epochs = -(-num_steps * global_batch // rows) + 1
+    examples = grain.MapDataset.range(rows)[jax.process_index()::jax.process_count()]
+    dataset = examples.repeat(epochs).shuffle(seed=seed)
+    return dataset.map(lambda i: {name: getattr(packed, name)[i] for name in Packed._fields}).batch(
+        host_batch, drop_remainder=True)

@@ -1,0 +1,134 @@
+"""SBD training objective (SPEC §2–3): noise the sequence, one forward on [clean | noisy], joint loss."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sbd_jax import masks
+from sbd_jax.errors import UserError
+from sbd_jax.masks import SBDTrainingMask
+from sbd_jax.model import Transformer, output_kernel
+
+
+class Batch(NamedTuple):
+    """Packed training sequences, all `[B, L]`."""
+
+    tokens: jax.Array  # int32
+    segment_ids: jax.Array  # int32, 0 = padding, documents numbered from 1
+    positions: jax.Array  # int32, position within each document
+    loss_mask: jax.Array  # bool, True where a token may carry loss (assistant tokens for chat data)
+
+
+def check_objective(block_size: int, eta_range: tuple[float, float], seq_len: int) -> None:
+    """One-line errors for settings that cannot train, before anything compiles."""
+    if block_size < 1:
+        raise UserError(f"block_size={block_size} must be >= 1")
+    if block_size > seq_len:
+        raise UserError(f"block_size={block_size} is longer than seq_len={seq_len}: no full block, no MATP loss")
+    low, high = eta_range
+    if not 0.0 <= low <= high <= 1.0:
+        raise UserError(f"eta range ({low}, {high}) must satisfy 0 <= min <= max <= 1")
+
+
+def noise(batch: Batch, rng: jax.Array, mask_id: int, eta_range: tuple[float, float] = (0.0, 1.0)) -> jax.Array:
+    """bool `[B, L]`: which positions the noisy copy replaces by the mask token.
+
+    Per sequence η ~ U(eta_range); each real (non-padding) token is masked with probability η.
+    """
+    eta_rng, token_rng = jax.random.split(rng)
+    eta = jax.random.uniform(eta_rng, (batch.tokens.shape[0], 1), minval=eta_range[0], maxval=eta_range[1])
+    return (jax.random.uniform(token_rng, batch.tokens.shape) < eta) & (batch.segment_ids > 0)
+
+
+def sbd_loss(
+    params: Any,
+    model: Transformer,
+    batch: Batch,
+    rng: jax.Array,
+    *,
+    block_size: int,
+    mask_id: int,
+    w_ntp: float = 1.0,
+    w_matp: float = 1.0,
+    eta_range: tuple[float, float] = (0.0, 1.0),
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Joint loss `w_ntp * NTP + w_matp * MATP` and its metrics.
+
+    NTP: cross-entropy over clean positions 2..L (shifted), within a document, where loss_mask.
+    MATP: cross-entropy over noisy positions that were masked, target the clean token (not shifted),
+    only inside full blocks (a trailing partial block is ignored), where loss_mask. Each term is a mean
+    over its own counted tokens.
+    """
+    tokens, seg = batch.tokens, batch.segment_ids
+    seq_len = tokens.shape[1]
+    masked = noise(batch, rng, mask_id, eta_range)
+    noisy = jnp.where(masked, mask_id, tokens)
+    inputs = jnp.concatenate([tokens, noisy], axis=1)
+    positions = jnp.concatenate([batch.positions, batch.positions], axis=1)
+    attn = SBDTrainingMask(jnp.concatenate([seg, seg], axis=1), seq_len=seq_len, block_size=block_size)
+    hidden, _ = model.apply({"params": params}, inputs, positions, mask=attn, compute_logits=False)
+    # One chunked CE pass: clean position t targets token t+1, noisy position i targets token i.
+    targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1], tokens], axis=1)
+    ce = token_cross_entropy(hidden, output_kernel(params, model.config), targets)
+    ntp_weight = _next_token_weight(batch)
+    full_blocks = (seq_len // block_size) * block_size
+    matp_weight = masked & batch.loss_mask & (jnp.arange(seq_len) < full_blocks)[None]
+    ntp_count, matp_count = ntp_weight.sum(), matp_weight.sum()
+    ntp_loss_value = jnp.sum(ce[:, : seq_len - 1] * ntp_weight) / jnp.maximum(ntp_count, 1)
+    matp_loss = jnp.sum(ce[:, seq_len:] * matp_weight) / jnp.maximum(matp_count, 1)
+    loss = w_ntp * ntp_loss_value + w_matp * matp_loss
+    real = (seg > 0).sum()
+    metrics = {
+        "loss": loss, "ntp_loss": ntp_loss_value, "matp_loss": matp_loss,
+        "masked_fraction": masked.sum() / jnp.maximum(real, 1),
+        "ntp_tokens": ntp_count, "matp_tokens": matp_count, "tokens": real,
+    }
+    return loss, metrics
+
+
+def ntp_loss(params: Any, model: Transformer, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Plain next-token loss on `[B, L]` (causal within documents): the NTP-only baseline."""
+    seg = batch.segment_ids
+    mask = masks.causal(seg.shape[1])[None] & masks.same_segment(seg)
+    hidden, _ = model.apply({"params": params}, batch.tokens, batch.positions, mask=mask, compute_logits=False)
+    ce = token_cross_entropy(hidden[:, :-1], output_kernel(params, model.config), batch.tokens[:, 1:])
+    weight = _next_token_weight(batch)
+    count = weight.sum()
+    loss = jnp.sum(ce * weight) / jnp.maximum(count, 1)
+    zero = jnp.zeros((), jnp.float32)
+    return loss, {"loss": loss, "ntp_loss": loss, "matp_loss": zero, "masked_fraction": zero,
+                  "ntp_tokens": count, "matp_tokens": jnp.zeros((), jnp.int32), "tokens": (seg > 0).sum()}
+
+
+def token_cross_entropy(hidden_BTD: jax.Array, kernel_DV: jax.Array, targets_BT: jax.Array,
+                        chunk: int = 512) -> jax.Array:
+    """Per-token CE `[B, T]` of `softmax(hidden @ kernel)` against targets, `chunk` tokens at a time.
+
+    Each chunk's logits are rematerialised in the backward pass, so a `[B, T, vocab]` array never
+    exists (for Llama-3's 128k vocabulary and 2 x 4096 tokens that would be 4 GiB per sequence).
+    """
+    batch, length, dim = hidden_BTD.shape
+    chunk = min(chunk, length)
+    pad = -length % chunk
+    hidden = jnp.pad(hidden_BTD, ((0, 0), (0, pad), (0, 0))).reshape(batch, -1, chunk, dim).swapaxes(0, 1)
+    targets = jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(batch, -1, chunk).swapaxes(0, 1)
+    kernel = kernel_DV.astype(hidden_BTD.dtype)
+
+    @jax.checkpoint
+    def one_chunk(args):
+        h, t = args
+        logits = jnp.einsum("bcd,dv->bcv", h, kernel, preferred_element_type=jnp.float32)
+        picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
+        return jax.nn.logsumexp(logits, axis=-1) - picked
+
+    ce = jax.lax.map(one_chunk, (hidden, targets))  # [chunks, B, chunk]
+    return ce.swapaxes(0, 1).reshape(batch, -1)[:, :length]
+
+
+def _next_token_weight(batch: Batch) -> jax.Array:
+    """`[B, L-1]`: token t+1 is predicted from position t within one document, where it carries loss."""
+    seg = batch.segment_ids
+    return batch.loss_mask[:, 1:] & (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)

@@ -1,0 +1,101 @@
+"""Device mesh, the logical-axis rules table, and shardings for params, optimizer state and batches.
+
+Model code never names mesh axes. Parameters get logical axis names from their path (one table
+below); `LOGICAL_RULES` maps logical names to mesh axes. A dimension a mesh axis does not divide is
+replicated instead, so small models still run on big meshes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sbd_jax.errors import UserError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# logical axis -> mesh axes (None = replicated)
+LOGICAL_RULES: dict[str, Any] = {
+    "batch": ("data", "fsdp"),
+    "embed": "fsdp",
+    "vocab": "tensor",
+    "heads": "tensor",
+    "mlp": "tensor",
+    "layers": None,
+    "norm": None,
+}
+
+# param module name -> logical axes of its weight (kernel / embedding), HF's in->out order as stored here
+_PARAM_AXES = {
+    "embed_tokens": ("vocab", "embed"),
+    "q_proj": ("embed", "heads"), "k_proj": ("embed", "heads"), "v_proj": ("embed", "heads"),
+    "o_proj": ("heads", "embed"),
+    "gate_proj": ("embed", "mlp"), "up_proj": ("embed", "mlp"), "down_proj": ("mlp", "embed"),
+    "lm_head": ("embed", "vocab"),
+}
+
+
+def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A `(data, fsdp, tensor)` mesh; one size may be -1 to take all remaining devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    shape = list(shape)
+    if len(shape) != len(MESH_AXES):
+        raise UserError(f"mesh shape {tuple(shape)} must have {len(MESH_AXES)} sizes: {', '.join(MESH_AXES)}")
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise UserError(f"mesh shape {tuple(shape)}: sizes must be >= 1, with at most one -1 (fill)")
+    known = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if len(devices) % known:
+            raise UserError(f"mesh shape {tuple(shape)} does not divide the {len(devices)} devices")
+        shape[shape.index(-1)] = len(devices) // known
+    if math.prod(shape) != len(devices):
+        raise UserError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices, but there are "
+                        f"{len(devices)}; use sizes whose product is {len(devices)} (or -1 to fill)")
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def logical_axes(path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
+    """Logical axis names of the param at `path` (a leading stacked-layers axis included)."""
+    stacked = "layers" in path
+    base = ndim - int(stacked)
+    module, leaf = path[-2], path[-1]
+    if leaf in ("kernel", "embedding") and module in _PARAM_AXES:
+        names: tuple[str | None, ...] = _PARAM_AXES[module]
+    elif leaf == "bias" and module in _PARAM_AXES:
+        names = (_PARAM_AXES[module][-1],)
+    else:
+        names = ("norm",) * base
+    assert len(names) == base, (path, ndim)
+    return (("layers",) if stacked else ()) + names
+
+
+def _spec(shape: tuple[int, ...], names: tuple[str | None, ...], mesh: Mesh) -> PartitionSpec:
+    axes = []
+    for size, name in zip(shape, names):
+        mesh_axes = LOGICAL_RULES.get(name) if name else None
+        group = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes or ())
+        ways = math.prod(mesh.shape[a] for a in group)
+        axes.append(mesh_axes if group and size % ways == 0 else None)
+    return PartitionSpec(*axes)
+
+
+def param_shardings(params: Any, mesh: Mesh) -> Any:
+    """NamedShardings for a param tree (arrays or ShapeDtypeStructs), following the rules table."""
+    def one(path, leaf):
+        keys = tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
+        return NamedSharding(mesh, _spec(leaf.shape, logical_axes(keys, len(leaf.shape)), mesh))
+
+    return jax.tree_util.tree_map_with_path(one, params)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Batch dimension split over data and fsdp; the sequence replicated."""
+    return NamedSharding(mesh, PartitionSpec(LOGICAL_RULES["batch"]))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())

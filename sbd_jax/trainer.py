@@ -1,0 +1,322 @@
+"""SBD fine-tuning: sharded jitted train step, the loop, Orbax checkpoints (state + data iterator), logs.
+
+The same code runs on one CPU, one GPU or a `(data, fsdp, tensor)` mesh of many devices and hosts.
+A run is a pure function of (config, step): the noise key is `fold_in(seed, step)`, the block size
+is drawn from `(seed, step)`, and the Grain iterator is checkpointed with the state, so a resumed run
+sees the same batches and computes the same numbers as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import struct
+
+from sbd_jax import data as data_lib
+from sbd_jax import sharding
+from sbd_jax.checkpoints.load import load_model, resolve
+from sbd_jax.config import ModelConfig
+from sbd_jax.errors import UserError
+from sbd_jax.mask_token import setup_mask_token
+from sbd_jax.model import Transformer, init_params
+from sbd_jax.objective import Batch, check_objective, ntp_loss, sbd_loss
+from sbd_jax.tokenizer import load_tokenizer
+
+
+class TrainState(struct.PyTreeNode):
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+def make_optimizer(opt: ml_collections.ConfigDict, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
+    """AdamW with linear warmup + cosine decay and global-norm clipping; no decay on norms and biases."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, opt.lr, max(opt.warmup_steps, 1), max(total_steps, opt.warmup_steps + 1), opt.lr * opt.final_lr_ratio)
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
+    tx = optax.chain(
+        optax.clip_by_global_norm(opt.clip_norm),
+        optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=decay_mask),
+    )
+    return tx, schedule
+
+
+def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
+    """k ~ U{min..max} per step, drawn from (seed, step) so a resumed run draws the same k."""
+    low, high = cfg.objective.block_size_min, cfg.objective.block_size_max
+    return int(np.random.default_rng([cfg.seed, step]).integers(low, high + 1))
+
+
+def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model: Transformer,
+               tx: optax.GradientTransformation, schedule: Any, objective: str, block_size: int,
+               mask_id: int, weights: tuple[float, float], eta_range: tuple[float, float],
+               grad_accum: int) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step; the batch is split into `grad_accum` micro-batches whose grads are averaged."""
+    def loss_fn(params, micro, micro_rng):
+        if objective == "ntp":
+            return ntp_loss(params, model, micro)
+        return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=mask_id,
+                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range)
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if grad_accum == 1:
+        (_, metrics), grads = grad_fn(state.params, batch, rng)
+    else:
+        micro_batches = jax.tree.map(lambda x: x.reshape(grad_accum, -1, *x.shape[1:]), batch)
+
+        def accumulate(carry, inputs):
+            micro, index = inputs
+            (_, metrics), grads = grad_fn(state.params, micro, jax.random.fold_in(rng, index))
+            return jax.tree.map(jnp.add, carry, (grads, metrics)), None
+
+        (_, metric_shapes), grad_shapes = jax.eval_shape(
+            grad_fn, state.params, jax.tree.map(lambda x: x[0], micro_batches), rng)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (grad_shapes, metric_shapes))
+        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(grad_accum)))
+        grads, metrics = jax.tree.map(lambda x: x / grad_accum, (grads, metrics))
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+
+def jitted_train_step(cfg: ml_collections.ConfigDict, model: Transformer, tx: optax.GradientTransformation,
+                      schedule: Any, mesh: Any, state_shardings: TrainState, block_size: int) -> Any:
+    """`train_step` for one block size, jitted with the mesh's shardings and the state donated."""
+    obj = cfg.objective
+    step = functools.partial(
+        train_step, model=model, tx=tx, schedule=schedule, objective=obj.kind, block_size=block_size,
+        mask_id=model.config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
+        eta_range=(obj.eta_min, obj.eta_max), grad_accum=cfg.train.grad_accum)
+    batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
+    return jax.jit(step, in_shardings=(state_shardings, batch_sh, sharding.replicated(mesh)),
+                   out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=(0,))
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+    """Every config error we can see before loading a model or compiling anything."""
+    if cfg.objective.kind not in ("sbd", "ntp"):
+        raise UserError(f"objective.kind={cfg.objective.kind!r}: use 'sbd' or 'ntp'")
+    if cfg.data.seq_len < 2:
+        raise UserError(f"data.seq_len={cfg.data.seq_len} must be >= 2")
+    if cfg.objective.block_size_min > cfg.objective.block_size_max:
+        raise UserError(f"objective.block_size_min={cfg.objective.block_size_min} > block_size_max="
+                        f"{cfg.objective.block_size_max}")
+    for k in (cfg.objective.block_size_min, cfg.objective.block_size_max):
+        check_objective(k, (cfg.objective.eta_min, cfg.objective.eta_max), cfg.data.seq_len)
+    if cfg.train.steps < 1 or cfg.train.batch_size < 1 or cfg.train.grad_accum < 1:
+        raise UserError("train.steps, train.batch_size and train.grad_accum must be >= 1")
+    if cfg.train.batch_size % cfg.train.grad_accum:
+        raise UserError(f"train.batch_size={cfg.train.batch_size} is not divisible by train.grad_accum="
+                        f"{cfg.train.grad_accum}")
+
+
+class Trainer:
+    """Builds everything from a config, restores the latest checkpoint in `workdir`, and trains."""
+
+    def __init__(self, cfg: ml_collections.ConfigDict, workdir: str):
+        validate(cfg)
+        if cfg.multihost:
+            jax.distributed.initialize()
+        self.cfg, self.workdir = cfg, workdir
+        self.mesh = sharding.make_mesh(tuple(cfg.mesh))
+        batch_ways = math.prod(self.mesh.shape[a] for a in sharding.LOGICAL_RULES["batch"])
+        micro = cfg.train.batch_size // cfg.train.grad_accum
+        if micro % batch_ways:
+            raise UserError(f"micro-batch {micro} (batch_size / grad_accum) is not divisible by the "
+                            f"{batch_ways} data x fsdp devices of mesh {tuple(self.mesh.shape.values())}")
+        self.config, params, self.tokenizer = self._model()
+        if cfg.objective.kind == "sbd":
+            self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
+                                                                   cfg.data.mask_token)
+        packed = data_lib.load_packed(cfg.data.files, self.tokenizer, cfg.data.seq_len)
+        if self.config.mask_token_id is not None:
+            data_lib.check_mask_token_unused(packed, self.config.mask_token_id)
+        self.rows = len(packed.tokens)
+        self.dataset = data_lib.make_dataset(packed, cfg.train.batch_size, cfg.seed, cfg.train.steps)
+        self.model = Transformer(self.config)
+        self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
+        self.state = self._sharded_state(params)
+        self.iterator = iter(self.dataset.to_iter_dataset())
+        self._steps: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ setup
+    def _model(self) -> tuple[ModelConfig, dict, Any]:
+        m = self.cfg.model
+        run = dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers, remat=m.remat,
+                   attention=m.attention)
+        if m.name:
+            loaded = load_model(m.name, **run)
+            return loaded.config, loaded.params, loaded.tokenizer
+        if not m.architecture:
+            raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
+        tokenizer = load_tokenizer(resolve(m.tokenizer))
+        arch = dict(m.architecture)
+        arch.setdefault("vocab_size", len(tokenizer))
+        arch.setdefault("eos_token_ids", (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+        config = ModelConfig(**arch, **run)
+        return config, jax.device_get(init_params(config.replace(param_dtype="float32"), self.cfg.seed)), tokenizer
+
+    def _sharded_state(self, params: dict) -> TrainState:
+        param_sh = sharding.param_shardings(params, self.mesh)
+        params = jax.device_put(params, param_sh)
+        opt_shapes = jax.eval_shape(self.tx.init, params)
+        opt_sh = sharding.param_shardings(opt_shapes, self.mesh)
+        opt_state = jax.jit(self.tx.init, out_shardings=opt_sh)(params)
+        step = jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(self.mesh))
+        return TrainState(step, params, opt_state)
+
+    def state_shardings(self) -> TrainState:
+        return jax.tree.map(lambda x: x.sharding, self.state)
+
+    def compiled_step(self, block_size: int, example: tuple) -> tuple[Any, float]:
+        """The compiled step for one block size (static shapes: one compile per k), and its compile seconds."""
+        if block_size in self._steps:
+            return self._steps[block_size], 0.0
+        began = time.perf_counter()
+        step = jitted_train_step(self.cfg, self.model, self.tx, self.schedule, self.mesh,
+                                 self.state_shardings(), block_size)
+        self._steps[block_size] = step.lower(*example).compile()
+        return self._steps[block_size], time.perf_counter() - began
+
+    def global_batch(self, host_batch: dict[str, np.ndarray]) -> Batch:
+        batch_sh = sharding.batch_sharding(self.mesh)
+        return Batch(*[jax.make_array_from_process_local_data(batch_sh, host_batch[name])
+                       for name in data_lib.Packed._fields])
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_manager(self):
+        import orbax.checkpoint as ocp
+
+        ck = self.cfg.checkpoint
+        options = ocp.CheckpointManagerOptions(save_interval_steps=ck.every, max_to_keep=ck.keep,
+                                               enable_async_checkpointing=ck.async_save)
+        return ocp.CheckpointManager(os.path.abspath(os.path.join(self.workdir, "checkpoints")), options=options)
+
+    def restore(self, manager) -> int:
+        """Restores the latest checkpoint, if any; returns the number of completed steps."""
+        import orbax.checkpoint as ocp
+
+        latest = manager.latest_step()
+        if latest is None:
+            return 0
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state)
+        try:
+            restored = manager.restore(latest, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+        except Exception as e:  # orbax raises many types for a foreign or damaged checkpoint
+            raise UserError(f"cannot restore the checkpoint of step {latest} in {self.workdir} "
+                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it does not match this "
+                            "config or is damaged: use another --workdir or delete it") from None
+        self.state = restored["state"]
+        self.iterator.set_state(restored["data"])
+        return latest
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> list[dict[str, float]]:
+        """Trains to `train.steps`, resuming from `workdir`; returns this run's logged metrics."""
+        import orbax.checkpoint as ocp
+
+        os.makedirs(self.workdir, exist_ok=True)
+        manager = self.checkpoint_manager()
+        start = self.restore(manager)
+        metrics_path = os.path.join(self.workdir, "metrics.jsonl")
+        _truncate_log(metrics_path, start)
+        writer = _tensorboard(self.workdir)
+        total = self.cfg.train.steps
+        tokens_per_step = self.cfg.train.batch_size * self.cfg.data.seq_len
+        logged = []
+        progress = _Progress(start, total)
+        with open(metrics_path, "a") as log:
+            for step in range(start, total):
+                k = block_size_for_step(self.cfg, step)
+                batch = self.global_batch(next(self.iterator))
+                rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
+                compiled, compile_seconds = self.compiled_step(k, (self.state, batch, rng))
+                began = time.perf_counter()
+                self.state, metrics = compiled(self.state, batch, rng)
+                metrics = {name: float(v) for name, v in jax.device_get(metrics).items()}
+                seconds = time.perf_counter() - began
+                row = {"step": step + 1, "block_size": k, **metrics, "seconds": seconds,
+                       "tokens_per_s": tokens_per_step / seconds, "compile_seconds": compile_seconds}
+                logged.append(row)
+                if jax.process_index() == 0:
+                    log.write(json.dumps(row) + "\n")
+                    log.flush()
+                    if writer is not None:
+                        for name, value in row.items():
+                            writer.add_scalar(name, value, step + 1)
+                progress.update(row)
+                if (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == total:
+                    manager.save(step + 1, force=True, args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(self.state), data=ocp.args.JsonSave(self.iterator.get_state())))
+        manager.wait_until_finished()
+        progress.close()
+        if self.cfg.export_hf:
+            self.export(os.path.join(self.workdir, "hf"))
+        return logged
+
+    def export(self, path: str) -> None:
+        """Writes the trained model (with its mask token) as an HF directory."""
+        from sbd_jax.checkpoints.hf import save_hf
+
+        params = jax.device_get(self.state.params)
+        if jax.process_index() == 0:
+            save_hf(path, self.config.replace(param_dtype="float32"), params, tokenizer=self.tokenizer)
+
+
+def _truncate_log(path: str, completed: int) -> None:
+    """Drops log lines of steps after the restored checkpoint: they are about to be recomputed."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        keep = [line for line in f if line.strip() and json.loads(line)["step"] <= completed]
+    with open(path, "w") as f:
+        f.writelines(keep)
+
+
+def _tensorboard(workdir: str) -> Any:
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        return None
+    return SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+
+@dataclasses.dataclass
+class _Progress:
+    """One status line: step, losses, tokens/s, ETA (redrawn on a terminal, every 10 steps otherwise)."""
+
+    start: int
+    total: int
+
+    def __post_init__(self) -> None:
+        self.began = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, row: dict[str, float]) -> None:
+        done = row["step"] - self.start
+        eta = (time.perf_counter() - self.began) / done * (self.total - row["step"])
+        line = (f"step {row['step']}/{self.total} loss {row['loss']:.4f} (ntp {row['ntp_loss']:.4f}, "
+                f"matp {row['matp_loss']:.4f}) k={row['block_size']} {row['tokens_per_s']:.0f} tok/s "
+                f"ETA {eta:.0f}s")
+        if self.tty:
+            print("\r" + line, end="", file=sys.stderr, flush=True)
+        elif row["step"] % 10 == 0 or row["step"] == self.total:
+            print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.tty:
+            print(file=sys.stderr)

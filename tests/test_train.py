@@ -1,0 +1,148 @@
+"""train.py end to end on CPU: tiny runs, SIGKILL + resume reproducing the same numbers, bad input, 8B compile."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from configs import tiny
+from sbd_jax.errors import UserError
+from sbd_jax.trainer import Trainer
+from tests.conftest import requires_smollm2
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = [os.path.join(os.path.dirname(json.__file__), name) for name in ("decoder.py", "encoder.py")]
+QUICK = [f"--config.data.files={tuple(DATA)!r}", "--config.data.seq_len=64", "--config.train.batch_size=4",
+         "--config.objective.block_size_min=4", "--config.objective.block_size_max=4", "--config.mesh=(1,1,1)"]
+
+
+def quick_config(**train):
+    cfg = tiny.get_config()
+    cfg.data.files, cfg.data.seq_len, cfg.train.batch_size, cfg.mesh = tuple(DATA), 64, 8, (1, -1, 1)  # 8 devices
+    cfg.objective.block_size_min, cfg.objective.block_size_max = 2, 5
+    for name, value in train.items():
+        section, key = name.split("__")
+        cfg[section][key] = value
+    return cfg
+
+
+def losses(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [(row["step"], row["ntp_loss"], row["matp_loss"]) for row in map(json.loads, f)]
+
+
+@requires_smollm2
+def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
+    cfg = quick_config(train__steps=6, checkpoint__every=3)
+    rows = Trainer(cfg, str(tmp_path)).run()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all(np.isfinite(r["loss"]) and r["ntp_tokens"] > 0 and r["matp_tokens"] > 0 for r in rows)
+    assert {r["block_size"] for r in rows} <= {2, 3, 4, 5}
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
+
+    from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.sampler import SBDDecoder, generate
+
+    model = load_model(str(tmp_path / "hf"))
+    assert model.config.mask_token_id == model.config.vocab_size - 1  # a new embedding row
+    assert model.tokenizer.convert_ids_to_tokens(model.config.mask_token_id) == "<|sbd_mask|>"
+    (result,), _ = generate(SBDDecoder(model.config, max_new_tokens=8, block_size=4, gamma=0.5),
+                            jax.device_put(model.params), [model.tokenizer("def f(x):")["input_ids"]])
+    assert 1 <= result.nfe <= 8 and len(result.token_ids) == 8
+
+
+def run_train(workdir, steps, every):
+    return [sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(workdir), *QUICK,
+            f"--config.train.steps={steps}", f"--config.checkpoint.every={every}", "--config.export_hf=False"]
+
+
+@requires_smollm2
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": ""}
+    straight = subprocess.run(run_train(tmp_path / "a", 8, 2), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+
+    victim = subprocess.Popen(run_train(tmp_path / "b", 8, 2), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    log = tmp_path / "b" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and victim.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.05)
+    assert victim.poll() is None, "the run finished before it could be killed"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = len(log.read_text().splitlines())
+    assert 5 <= killed_at < 8
+
+    resumed = subprocess.run(run_train(tmp_path / "b", 8, 2), cwd=ROOT, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert losses(tmp_path / "b") == losses(tmp_path / "a")  # same batches, same numbers, every step
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"objective__block_size_min": 0}, "block_size=0 must be >= 1"),
+    ({"objective__eta_max": 1.5}, "eta range"),
+    ({"objective__block_size_max": 100}, "block_size=100 is longer than seq_len=64"),
+    ({"data__seq_len": 1}, "data.seq_len=1 must be >= 2"),
+    ({"train__batch_size": 6, "train__grad_accum": 4}, "not divisible by train.grad_accum"),
+    ({"objective__kind": "mlm"}, "objective.kind='mlm'"),
+])
+def test_bad_config_fails_before_anything_loads(overrides, message, tmp_path):
+    with pytest.raises(UserError, match=message):
+        Trainer(quick_config(**overrides), str(tmp_path))
+
+
+def test_bad_mesh_for_the_devices(tmp_path):
+    cfg = quick_config()
+    cfg.mesh = (3, 1, 1)
+    with pytest.raises(UserError, match="needs 3 devices, but there are 8"):
+        Trainer(cfg, str(tmp_path))
+
+
+@requires_smollm2
+def test_bad_data_and_mask_token(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": 3}\n')
+    cfg = quick_config()
+    cfg.data.files = (str(bad),)
+    with pytest.raises(UserError, match=f"{bad}:2: expected"):
+        Trainer(cfg, str(tmp_path / "w1"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    cfg.data.files = (str(empty),)
+    with pytest.raises(UserError, match="hold no text"):
+        Trainer(cfg, str(tmp_path / "w2"))
+    cfg.data.files = tuple(DATA)
+    cfg.data.mask_token = "1000000"
+    with pytest.raises(UserError, match="mask token id 1000000 is outside the vocabulary"):
+        Trainer(cfg, str(tmp_path / "w3"))
+    cfg.data.mask_token = "198"  # "\n" in SmolLM2's vocabulary: Python source is full of it
+    with pytest.raises(UserError, match="mask token id 198 occurs .* times in the training data"):
+        Trainer(cfg, str(tmp_path / "w4"))
+
+
+def test_train_cli_reports_bad_input_in_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(tmp_path),
+                           "--config.data.files=('/nope/*.jsonl',)"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "XLA_FLAGS": ""})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == "error: data file '/nope/*.jsonl' does not exist " \
+                                                    "(or the pattern matches nothing)"
+
+
+@pytest.mark.parametrize("config", ["llama3_8b.py", "qwen3_8b.py"])
+def test_8b_configs_compile_on_8_devices_and_fit_80gb(config):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from compile_8b import compile_report
+
+    report = compile_report(os.path.join(ROOT, "configs", config), devices=8, micro_batch=8)
+    assert 8.0 < report["params_billion"] < 8.3
+    assert report["per_device_gib"] < 80, report
