@@ -14,23 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def median_seconds(fn, *args, repeats: int) -> float:
-    import jax
-
-    jax.block_until_ready(fn(*args))  # compile + warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from timing import median_seconds  # noqa: E402
 
 
 def main() -> None:

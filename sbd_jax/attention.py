@@ -5,13 +5,17 @@ Implementations:
   the cache and the new tokens are two key parts, so the cache is read in place, once per pass.
 - `blockwise`: for the SBD training layout, a memory-efficient online-softmax loop over query and key
   tiles that never materialises a `[2L, 2L]` score matrix and skips, at trace time, every key tile the
-  mask rules out entirely (about 3/4 of them on this layout). Pure XLA, so it runs on CPU, GPU and TPU.
-`auto` takes `blockwise` for SBD training sequences of 2L >= 1024 whose length a tile divides, else
-`reference`. (No Pallas kernel yet: TPU splash attention and a GPU kernel would plug in here.)
+  mask rules out entirely (about 3/4 of them on this layout). Pure XLA: CPU, GPU (the GPU path) and TPU.
+- `splash`: TPU's Pallas splash-attention kernel with the SBD mask (block-sparse, fused backward);
+  off TPU it runs in Pallas interpret mode (for tests). It needs head_dim % 128 == 0. It is a
+  per-device kernel: under a multi-device mesh it would need a shard_map wrapper, not written yet.
+`auto` takes `splash` on a single TPU device when head_dim allows, else `blockwise` for SBD training
+sequences of 2L >= 1024 whose length a tile divides, else `reference`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -20,7 +24,7 @@ import numpy as np
 
 from sbd_jax.masks import SBDTrainingMask, sbd_training_mask
 
-IMPLEMENTATIONS = ("auto", "reference", "blockwise")
+IMPLEMENTATIONS = ("auto", "reference", "blockwise", "splash")
 _TILES = (512, 256, 128)
 _NEG = -1e30  # finite: a fully masked tile row must not turn into NaN
 
@@ -37,6 +41,9 @@ def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto") -
     if len(parts) == 1 and isinstance(parts[0][2], SBDTrainingMask):
         k, v, mask = parts[0]
         tile = _tile_for(mask.seq_len)
+        on_one_tpu = jax.devices()[0].platform == "tpu" and jax.device_count() == 1
+        if impl == "splash" or (impl == "auto" and on_one_tpu and tile and q_BTNH.shape[-1] % 128 == 0):
+            return splash_sbd_attention(q_BTNH, k, v, mask, tile or _TILES[-1])
         if impl == "blockwise" or (impl == "auto" and tile is not None and 2 * mask.seq_len >= 1024):
             return blockwise_sbd_attention(q_BTNH, k, v, mask, tile or _TILES[-1])
         parts = [(k, v, mask.dense())]
@@ -115,4 +122,38 @@ def blockwise_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Ar
         (out, _, total_p), _ = jax.lax.scan(step, init, jnp.asarray(np.flatnonzero(visit[qi]), jnp.int32))
         outputs.append(out / jnp.maximum(total_p, 1e-30)[..., None])
     out = jnp.concatenate(outputs, axis=3)  # [B, K, G, T, H]
+    return out.transpose(0, 3, 1, 2, 4).reshape(batch, total, num_heads, head_dim).astype(q_BTNH.dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(seq_len: int, block_size: int, groups: int, tile: int, interpret: bool) -> Any:
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+
+    head_mask = splash_mask.NumpyMask(sbd_training_mask(seq_len, block_size))
+    sizes = splash.BlockSizes(block_q=tile, block_kv=tile, block_kv_compute=tile, block_q_dkv=tile,
+                              block_kv_dkv=tile, block_kv_dkv_compute=tile, block_q_dq=tile, block_kv_dq=tile)
+    return splash.make_splash_mqa(splash_mask.MultiHeadMask([head_mask] * groups), block_sizes=sizes,
+                                  head_shards=1, q_seq_shards=1, interpret=interpret)
+
+
+def splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
+                         tile: int) -> jax.Array:
+    """The SBD training mask through TPU splash attention: one MQA kernel per kv head (GQA groups)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
+
+    batch, total, num_heads, head_dim = q_BTNH.shape
+    if head_dim % 128:
+        raise ValueError(f"splash attention needs head_dim % 128 == 0, got {head_dim}")
+    num_kv = k_BSKH.shape[2]
+    kernel = _splash_kernel(mask.seq_len, mask.block_size, num_heads // num_kv, min(tile, total),
+                            jax.devices()[0].platform != "tpu")
+    q = (_grouped(q_BTNH, num_kv) * head_dim**-0.5).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
+    k, v = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)  # [B, K, T, H]
+
+    def one_row(q_row, k_row, v_row, seg_row):
+        per_kv_head = jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=SegmentIds(seg_row, seg_row)))
+        return per_kv_head(q_row, k_row, v_row)
+
+    out = jax.vmap(one_row)(q, k, v, mask.segment_ids)  # [B, K, G, T, H]
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, total, num_heads, head_dim).astype(q_BTNH.dtype)

@@ -11,7 +11,7 @@ from sbd_jax.errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 REMAT_POLICIES = ("none", "full", "dots")
-ATTENTION_IMPLS = ("auto", "reference", "blockwise")  # see attention.py
+ATTENTION_IMPLS = ("auto", "reference", "blockwise", "splash")  # see attention.py
 _DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 

@@ -1,0 +1,139 @@
+"""Measured time(k)/time(1) of our block forward against a KV cache, beside the roofline's prediction.
+
+    python benchmarks/forward_cost.py [--model smollm2-135m] [--dtype float32] [--ks 1 2 4 8 16]
+                                      [--batches 1 8] [--kv 1024 4096] [--max-cache-gib 4]
+
+Random weights of the chosen shape (timing needs no trained weights). Each point is the median of
+--repeats synchronised calls of the jitted forward: k new tokens (all-to-all, as an SBD block pass)
+against a cache of `kv` valid tokens, logits out, nothing written. Points whose cache would exceed
+--max-cache-gib are skipped. The hardware entry: on a GPU the roofline table's (h200-bf16 / h100-bf16 by
+device name); on a CPU it is measured once here: bandwidth from timing a large array copy (bytes read
++ written / seconds), peak from a 2048^3 float32 matmul (2·n³ / seconds).
+Writes benchmarks/results/forward_cost_<platform>_<model>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from timing import median_seconds  # noqa: E402
+
+
+def measured_cpu(weight_bytes: float):
+    """A roofline Hardware entry for this machine, from two micro-benchmarks."""
+    import jax
+    import jax.numpy as jnp
+
+    from sbd_jax.roofline import Hardware
+
+    big = jnp.ones((2**28,), jnp.float32)  # 1 GiB
+    copy = jax.jit(lambda x: x + 1.0)
+    bandwidth = 2 * big.nbytes / median_seconds(copy, big, repeats=5)
+    a = jnp.ones((2048, 2048), jnp.float32)
+    flops = 2 * 2048**3 / median_seconds(jax.jit(lambda x: x @ x), a, repeats=5)
+    return Hardware("cpu-measured", bandwidth, flops, weight_bytes,
+                    "this CPU: bandwidth of a 1 GiB add, peak of a 2048^3 f32 matmul")
+
+
+def hardware_for(device, dtype: str):
+    from sbd_jax.roofline import HARDWARE
+
+    weight_bytes = 4 if dtype == "float32" else 2
+    if device.platform == "cpu":
+        return measured_cpu(weight_bytes)
+    name = "h200-bf16" if "H200" in device.device_kind else "h100-bf16"
+    return HARDWARE[name]
+
+
+def model_config(name: str, dtype: str):
+    from sbd_jax.config import ModelConfig
+    from sbd_jax.roofline import MODELS
+
+    m = MODELS[name]
+    return ModelConfig(model_type="llama", vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.intermediate,
+                       num_layers=m.layers, num_heads=m.heads, num_kv_heads=m.kv_heads, head_dim=m.head_dim,
+                       tie_word_embeddings=m.tied, max_position_embeddings=1 << 17, dtype=dtype, param_dtype=dtype,
+                       scan_layers=True), m
+
+
+def run(model: str, dtype: str, ks, batches, kvs, max_cache_gib: float, repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from sbd_jax import masks
+    from sbd_jax.kv_cache import KVCache
+    from sbd_jax.model import Transformer, init_params
+    from sbd_jax.roofline import forward_time, slowdown, terms
+
+    config, shape = model_config(model, dtype)
+    hw = hardware_for(jax.devices()[0], dtype)
+    params = jax.jit(lambda: init_params(config))()
+    net = Transformer(config)
+
+    @jax.jit
+    def block_forward(params, cache, tokens):
+        k = tokens.shape[1]
+        positions = cache.lengths[:, None] + jnp.arange(k)
+        logits, _ = net.apply({"params": params}, tokens, positions, mask=masks.bidirectional(k), cache=cache)
+        return logits
+
+    rows = []
+    for batch in batches:
+        for kv in kvs:
+            slots = kv + max(ks)
+            cache_bytes = 2 * config.num_layers * batch * slots * config.num_kv_heads * config.head_dim * \
+                jnp.dtype(config.compute_dtype).itemsize
+            if cache_bytes > max_cache_gib * 2**30:
+                print(f"skip batch {batch} kv {kv}: cache {cache_bytes / 2**30:.1f} GiB > {max_cache_gib} GiB")
+                continue
+            kv_shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
+            cache = KVCache(k=jnp.full(kv_shape, 0.01, config.compute_dtype),
+                            v=jnp.full(kv_shape, 0.01, config.compute_dtype),
+                            lengths=jnp.full((batch,), kv, jnp.int32))
+            times = {k: median_seconds(block_forward, params, cache, jnp.zeros((batch, k), jnp.int32),
+                                       repeats=repeats) for k in ks}
+            for k in ks:
+                rows.append({"batch": batch, "kv_len": kv, "k": k, "seconds": times[k],
+                             "measured_slowdown": times[k] / times[min(ks)],
+                             "roofline_slowdown": slowdown(hw, shape, batch, k, kv) if min(ks) == 1 else None,
+                             "roofline_seconds": forward_time(hw, shape, batch, k, kv),
+                             "measured_over_roofline": times[k] / forward_time(hw, shape, batch, k, kv)})
+                r = rows[-1]
+                print(f"batch {batch:2d} kv {kv:6d} k {k:3d}: {1e3 * times[k]:9.2f} ms | time(k)/time(1) measured "
+                      f"{r['measured_slowdown']:6.3f}, roofline {r['roofline_slowdown'] or float('nan'):6.3f} | "
+                      f"measured/roofline time {r['measured_over_roofline']:5.2f}", flush=True)
+            del cache
+    one = terms(hw, shape, 1, 1, kvs[0])
+    return {"model": model, "dtype": dtype, "platform": jax.devices()[0].platform,
+            "device": jax.devices()[0].device_kind, "hardware": hw.__dict__,
+            "roofline_terms_batch1_k1": one, "rows": rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--kv", type=int, nargs="+", default=[1024, 4096])
+    parser.add_argument("--max-cache-gib", type=float, default=4.0)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/forward_cost_<platform>_<model>.json)")
+    args = parser.parse_args()
+    report = run(args.model, args.dtype, args.ks, args.batches, args.kv, args.max_cache_gib, args.repeats)
+    out = args.out or os.path.join(ROOT, "benchmarks", "results",
+                                   f"forward_cost_{report['platform']}_{args.model}.json")
+    with open(out, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
