@@ -7,8 +7,9 @@ Random weights of the chosen shape (timing needs no trained weights). Each point
 --repeats synchronised calls of the jitted forward: k new tokens (all-to-all, as an SBD block pass)
 against a cache of `kv` valid tokens, logits out, nothing written. Points whose cache would exceed
 --max-cache-gib are skipped. The hardware entry: on a GPU the roofline table's (h200-bf16 / h100-bf16 by
-device name); on a CPU it is measured once here: bandwidth from timing a large array copy (bytes read
-+ written / seconds), peak from a 2048^3 float32 matmul (2·n³ / seconds).
+device name); on a CPU it is measured once here: bandwidth from a 1 GiB matrix (its bytes
+/ seconds of a matrix-vector product, which streams it once as decoding streams weights), peak from a
+2048^3 float32 matmul (2·n³ / seconds).
 Writes benchmarks/results/forward_cost_<platform>_<model>.json.
 """
 
@@ -33,13 +34,14 @@ def measured_cpu(weight_bytes: float):
 
     from sbd_jax.roofline import Hardware
 
-    big = jnp.ones((2**28,), jnp.float32)  # 1 GiB
-    copy = jax.jit(lambda x: x + 1.0)
-    bandwidth = 2 * big.nbytes / median_seconds(copy, big, repeats=5)
+    # A matrix-vector product streams the matrix once, as decoding streams its weights.
+    big = jnp.ones((2**14, 2**14), jnp.float32)  # 1 GiB
+    vector = jnp.ones((2**14,), jnp.float32)
+    bandwidth = big.nbytes / median_seconds(jax.jit(lambda m, x: m @ x), big, vector, repeats=5)
     a = jnp.ones((2048, 2048), jnp.float32)
     flops = 2 * 2048**3 / median_seconds(jax.jit(lambda x: x @ x), a, repeats=5)
     return Hardware("cpu-measured", bandwidth, flops, weight_bytes,
-                    "this CPU: bandwidth of a 1 GiB add, peak of a 2048^3 f32 matmul")
+                    "this CPU: bandwidth of a 1 GiB f32 matrix-vector product, peak of a 2048^3 f32 matmul")
 
 
 def hardware_for(device, dtype: str):
