@@ -47,18 +47,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def read_prompts_file(path: str) -> list[str]:
     """Prompts of a JSONL file; a bad line is named by file and line number."""
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except OSError as e:
-        raise UserError(f"cannot read --prompts-file {path}: {e.strerror}") from None
+    from sbd_jax.jsonl import iter_jsonl
+
     prompts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{number}: not valid JSON ({e.msg})") from None
+    for number, row in iter_jsonl(path):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
             raise UserError(f'{path}:{number}: expected an object with a "prompt" string')
         prompts.append(row["prompt"])

@@ -53,3 +53,20 @@ def get_base() -> ml_collections.ConfigDict:
     c.checkpoint.keep = 3
     c.checkpoint.async_save = True
     return c
+
+
+def paper_recipe_8b(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The paper's 8B SFT recipe: AdamW lr 3e-4, warmup 200, cosine, 34k steps, ~2M tokens a batch
+    (512 x 4096), bf16 compute, full remat, scanned layers, fsdp over all devices."""
+    c.model.dtype = "bfloat16"
+    c.model.scan_layers = True
+    c.model.remat = "full"
+    c.mesh = (1, -1, 1)
+    c.data.seq_len = 4096
+    c.train.steps = 34000
+    c.train.batch_size = 512
+    c.train.grad_accum = 64
+    c.optimizer.lr = 3e-4
+    c.optimizer.warmup_steps = 200
+    c.checkpoint.every = 500
+    return c

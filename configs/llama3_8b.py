@@ -4,7 +4,7 @@ For 8 GPUs: fsdp over all devices. On a TPU slice, set --config.mesh='(1,-1,1)' 
     python train.py --config configs/llama3_8b.py --workdir runs/llama3 --config.model.name=/path/to/Llama-3.1-8B
 """
 
-from configs.base import get_base
+from configs.base import get_base, paper_recipe_8b
 
 ARCHITECTURE = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                     num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
@@ -14,17 +14,6 @@ ARCHITECTURE = dict(model_type="llama", vocab_size=128256, hidden_size=4096, int
 
 
 def get_config():
-    c = get_base()
+    c = paper_recipe_8b(get_base())
     c.model.name = ""  # an HF directory of Llama-3.1-8B(-Instruct)
-    c.model.dtype = "bfloat16"
-    c.model.scan_layers = True
-    c.model.remat = "full"
-    c.mesh = (1, -1, 1)
-    c.data.seq_len = 4096
-    c.train.steps = 34000
-    c.train.batch_size = 512  # 512 x 4096 = 2.1M tokens
-    c.train.grad_accum = 64
-    c.optimizer.lr = 3e-4
-    c.optimizer.warmup_steps = 200
-    c.checkpoint.every = 500
     return c

@@ -3,7 +3,7 @@
     python train.py --config configs/qwen3_8b.py --workdir runs/qwen3 --config.model.name=/path/to/Qwen3-8B
 """
 
-from configs.base import get_base
+from configs.base import get_base, paper_recipe_8b
 
 ARCHITECTURE = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                     num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
@@ -12,17 +12,6 @@ ARCHITECTURE = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, int
 
 
 def get_config():
-    c = get_base()
+    c = paper_recipe_8b(get_base())
     c.model.name = ""  # an HF directory of Qwen3-8B
-    c.model.dtype = "bfloat16"
-    c.model.scan_layers = True
-    c.model.remat = "full"
-    c.mesh = (1, -1, 1)
-    c.data.seq_len = 4096
-    c.train.steps = 34000
-    c.train.batch_size = 512
-    c.train.grad_accum = 64
-    c.optimizer.lr = 3e-4
-    c.optimizer.warmup_steps = 200
-    c.checkpoint.every = 500
     return c

@@ -8,7 +8,6 @@ greedily into fixed-length rows with segment ids and per-document positions, the
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Any, Iterator, NamedTuple, Sequence
 
@@ -17,6 +16,7 @@ import jax
 import numpy as np
 
 from sbd_jax.errors import UserError
+from sbd_jax.jsonl import iter_jsonl
 
 
 class Document(NamedTuple):
@@ -54,22 +54,15 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
         if text.strip():
             yield {"text": text}
         return
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{number}: not valid JSON ({e.msg})") from None
-            ok_text = isinstance(record, dict) and isinstance(record.get("text"), str)
-            ok_chat = isinstance(record, dict) and isinstance(record.get("messages"), list) and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in record["messages"])
-            if not (ok_text or ok_chat):
-                raise UserError(f'{path}:{number}: expected {{"text": "..."}} or {{"messages": [{{"role": ..., '
-                                f'"content": ...}}, ...]}}')
-            yield record
+    for number, record in iter_jsonl(path):
+        ok_text = isinstance(record, dict) and isinstance(record.get("text"), str)
+        ok_chat = isinstance(record, dict) and isinstance(record.get("messages"), list) and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in record["messages"])
+        if not (ok_text or ok_chat):
+            raise UserError(f'{path}:{number}: expected {{"text": "..."}} or {{"messages": [{{"role": ..., '
+                            f'"content": ...}}, ...]}}')
+        yield record
 
 
 def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
