@@ -20,11 +20,40 @@ def load_tokenizer(path: str) -> Any:
                         "of the original model into it")
     try:
         if path.endswith(".gguf"):
-            return AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                                 gguf_file=os.path.basename(path), local_files_only=True)
+            return _gguf_tokenizer(path)
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as e:
         raise UserError(f"cannot load a tokenizer from {path}: {str(e).splitlines()[0]}") from None
+
+
+def _gguf_tokenizer(path: str) -> Any:
+    """A fast tokenizer from a GGUF's metadata (vocab, merges, special tokens, chat template).
+
+    transformers' own `from_pretrained(gguf_file=...)` reads GGUF metadata with a reader that needs
+    PyTorch; the metadata is read here with `gguf` instead and handed to the same converter, so
+    sampling needs no torch. tests/test_tokenizer.py checks the result against `from_pretrained`.
+    """
+    import gguf
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    fields = gguf.GGUFReader(path).fields
+
+    def value(key: str) -> Any:
+        return fields[key].contents() if key in fields else None
+
+    renames = GGUF_TOKENIZER_MAPPING["tokenizer"]
+    tokenizer_dict = {name: value(f"tokenizer.{key}") for key, name in renames.items()
+                      if f"tokenizer.{key}" in fields}
+    tokens = tokenizer_dict.get("tokens")
+    if not tokens:
+        raise UserError(f"{path} holds no tokenizer vocabulary (tokenizer.ggml.tokens)")
+    backend, _ = convert_gguf_tokenizer(value("general.architecture"), tokenizer_dict)
+    special = {name: tokens[tokenizer_dict[key]] for name, key in
+               (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("unk_token", "unk_token_id"),
+                ("pad_token", "pad_token_id")) if tokenizer_dict.get(key) is not None}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=value("tokenizer.chat_template"),
+                                   **special)
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
