@@ -146,3 +146,14 @@ def test_8b_configs_compile_on_8_devices_and_fit_80gb(config):
     report = compile_report(os.path.join(ROOT, "configs", config), devices=8, micro_batch=8)
     assert 8.0 < report["params_billion"] < 8.3
     assert report["per_device_gib"] < 80, report
+
+
+@requires_smollm2
+def test_mismatched_checkpoint_in_workdir_is_refused(tmp_path):
+    cfg = quick_config(train__steps=1)
+    cfg.export_hf = False
+    Trainer(cfg, str(tmp_path)).run()
+    other = quick_config(train__steps=2)
+    other.model.architecture = {**dict(other.model.architecture), "num_layers": 2}
+    with pytest.raises(UserError, match="cannot restore the checkpoint of step 1 .* does not match this config"):
+        Trainer(other, str(tmp_path)).run()
