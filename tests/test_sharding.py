@@ -14,7 +14,7 @@ from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.objective import Batch
 from sbd_jax.trainer import TrainState, make_optimizer, train_step
-from tests.test_objective import CFG, MASK
+from tests.test_objective import CFG
 
 
 def test_there_are_eight_devices():
