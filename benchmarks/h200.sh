@@ -8,8 +8,9 @@
 # Results: benchmarks/results/h200_*.json (and $OUT/ when set, for the device tool).
 #   bash benchmarks/h200.sh            # on the H200
 #   bash benchmarks/h200.sh --smoke    # tiny shapes, any machine (CPU): tests the script itself
-# Packages: jax (CUDA), flax, optax, transformers come with the GPU image; anything else is installed
-# from wheel files placed in benchmarks/wheels/ (no network there).
+# Packages: jax (CUDA), flax, optax, transformers come with the GPU image, and these two benchmarks import
+# nothing else (grain, ml-collections and gguf are not needed: checked by running them with those
+# modules blocked). Any extra package can come as wheel files in benchmarks/wheels/ (no network there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
