@@ -55,9 +55,14 @@ def sampling_logits(logits: jax.Array, temperature: float, top_p: float) -> jax.
 
 def choose_tokens(logits: jax.Array, rng: jax.Array, temperature: float, top_p: float) -> jax.Array:
     """Greedy (temperature 0) or temperature sampling restricted to the top-p nucleus, over the last axis."""
+    return draw(sampling_logits(logits, temperature, top_p), rng, temperature)
+
+
+def draw(dist_logits: jax.Array, rng: jax.Array, temperature: float) -> jax.Array:
+    """A token from logits already passed through `sampling_logits`: argmax if greedy, else a sample."""
     if temperature == 0.0:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return jax.random.categorical(rng, sampling_logits(logits, temperature, top_p), axis=-1).astype(jnp.int32)
+        return jnp.argmax(dist_logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(rng, dist_logits, axis=-1).astype(jnp.int32)
 
 
 def uncertainty(logits: jax.Array, proxy: str) -> jax.Array:
@@ -271,8 +276,8 @@ class SBDDecoder(Decoder):
         def reveal(block, live, nfe, passes, logits, offset, rng):
             """One EB step on every row's undecided positions; returns what is undecided after it."""
             todo = undecided(block, live, offset)
-            dist = sampling_logits(logits, self.temperature, self.top_p)
-            chosen = choose_tokens(logits, rng, self.temperature, self.top_p)
+            dist = sampling_logits(logits, self.temperature, self.top_p)  # top-p sorts once per pass
+            chosen = draw(dist, rng, self.temperature)
             now = eb_reveal(uncertainty(dist, self.proxy), todo, gamma)
             nfe = nfe + todo.any(axis=1)
             block = jnp.where(now, chosen, block)

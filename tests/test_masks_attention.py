@@ -47,30 +47,36 @@ def test_segments_keep_documents_apart():
     assert dense.any(axis=1).all()  # every query (padding too) sees at least itself
 
 
-@pytest.mark.parametrize("seq_len, k, tile", [(256, 16, 128), (256, 5, 128), (512, 2, 256)])
-def test_blockwise_equals_reference_values_and_gradients(seq_len, k, tile):
-    rng = np.random.RandomState(0)
-    b, n_kv, g, h = 2, 2, 2, 16
+def assert_kernel_matches_reference(kernel, seg, k, n_kv, g, h, seed):
+    """Values (1e-5) and gradients (1e-4) of `kernel(q, k, v, mask)` against the dense reference."""
+    b, seq_len = seg.shape
+    rng = np.random.RandomState(seed)
     q = jnp.asarray(rng.randn(b, 2 * seq_len, n_kv * g, h), jnp.float32)
     kk = jnp.asarray(rng.randn(b, 2 * seq_len, n_kv, h), jnp.float32)
     v = jnp.asarray(rng.randn(b, 2 * seq_len, n_kv, h), jnp.float32)
-    seg = np.ones((b, seq_len), np.int32)
-    seg[1, seq_len // 3:] = 2  # packed second document in row 1
-    seg[1, -7:] = 0  # padding
     mask = SBDTrainingMask(jnp.asarray(np.concatenate([seg, seg], 1)), seq_len=seq_len, block_size=k)
 
     def ref(q, kk, v):
         return reference_attention(q, [(kk, v, mask.dense())])
 
-    def blk(q, kk, v):
-        return blockwise_sbd_attention(q, kk, v, mask, tile)
+    def fast(q, kk, v):
+        return kernel(q, kk, v, mask)
 
-    np.testing.assert_allclose(blk(q, kk, v), ref(q, kk, v), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(fast(q, kk, v), ref(q, kk, v), atol=1e-5, rtol=0)
     w = jnp.asarray(rng.randn(*q.shape), jnp.float32)
     g_ref = jax.grad(lambda *a: jnp.sum(ref(*a) * w), argnums=(0, 1, 2))(q, kk, v)
-    g_blk = jax.grad(lambda *a: jnp.sum(blk(*a) * w), argnums=(0, 1, 2))(q, kk, v)
-    for a, r in zip(g_blk, g_ref):
+    g_fast = jax.grad(lambda *a: jnp.sum(fast(*a) * w), argnums=(0, 1, 2))(q, kk, v)
+    for a, r in zip(g_fast, g_ref):
         np.testing.assert_allclose(a, r, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("seq_len, k, tile", [(256, 16, 128), (256, 5, 128), (512, 2, 256)])
+def test_blockwise_equals_reference_values_and_gradients(seq_len, k, tile):
+    seg = np.ones((2, seq_len), np.int32)
+    seg[1, seq_len // 3:] = 2  # packed second document in row 1
+    seg[1, -7:] = 0  # padding
+    kernel = lambda q, kk, v, mask: blockwise_sbd_attention(q, kk, v, mask, tile)  # noqa: E731
+    assert_kernel_matches_reference(kernel, seg, k, n_kv=2, g=2, h=16, seed=0)
 
 
 def test_dispatch_picks_blockwise_for_long_sequences():
@@ -86,19 +92,7 @@ def test_dispatch_picks_blockwise_for_long_sequences():
 
 def test_splash_kernel_in_interpret_mode_equals_reference():
     """TPU's splash kernel, run by Pallas's interpreter on CPU: values and gradients, GQA and packing."""
-    seq_len, k, b, n_kv, g, h = 128, 16, 2, 2, 2, 128
-    rng = np.random.RandomState(1)
-    q = jnp.asarray(rng.randn(b, 2 * seq_len, n_kv * g, h), jnp.float32)
-    kk = jnp.asarray(rng.randn(b, 2 * seq_len, n_kv, h), jnp.float32)
-    v = jnp.asarray(rng.randn(b, 2 * seq_len, n_kv, h), jnp.float32)
-    seg = np.ones((b, seq_len), np.int32)
+    seg = np.ones((2, 128), np.int32)
     seg[1, 50:] = 2
-    mask = SBDTrainingMask(jnp.asarray(np.concatenate([seg, seg], 1)), seq_len=seq_len, block_size=k)
-    ref = lambda q, kk, v: reference_attention(q, [(kk, v, mask.dense())])  # noqa: E731
-    spl = lambda q, kk, v: splash_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
-    np.testing.assert_allclose(spl(q, kk, v), ref(q, kk, v), atol=1e-5, rtol=0)
-    w = jnp.asarray(rng.randn(*q.shape), jnp.float32)
-    g_ref = jax.grad(lambda *a: jnp.sum(ref(*a) * w), argnums=(0, 1, 2))(q, kk, v)
-    g_spl = jax.grad(lambda *a: jnp.sum(spl(*a) * w), argnums=(0, 1, 2))(q, kk, v)
-    for a, r in zip(g_spl, g_ref):
-        np.testing.assert_allclose(a, r, atol=1e-4, rtol=1e-4)
+    kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
+    assert_kernel_matches_reference(kernel, seg, 16, n_kv=2, g=2, h=128, seed=1)
