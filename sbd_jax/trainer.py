@@ -54,7 +54,12 @@ def make_optimizer(opt: ml_collections.ConfigDict, total_steps: int) -> tuple[op
 
 
 def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
-    """k ~ U{min..max} per step, drawn from (seed, step) so a resumed run draws the same k."""
+    """k ~ U{min..max} per step, drawn from (seed, step) so a resumed run draws the same k.
+
+    NTP training has no blocks: always 1, so it compiles one step, not one per k.
+    """
+    if cfg.objective.kind == "ntp":
+        return 1
     low, high = cfg.objective.block_size_min, cfg.objective.block_size_max
     return int(np.random.default_rng([cfg.seed, step]).integers(low, high + 1))
 

@@ -1,0 +1,39 @@
+"""Training configs of the three models: same architecture, data, steps and seed; only the objective differs."""
+
+from __future__ import annotations
+
+import ml_collections
+
+from configs.base import get_base
+
+VARIANTS = ("ntp", "sbd", "sbd_no_ntp")
+
+# About 3.4M parameters (0.03M of them the character embedding).
+ARCHITECTURE = dict(model_type="llama", hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8,
+                    num_kv_heads=4, head_dim=32, max_position_embeddings=512, tie_word_embeddings=True,
+                    rope_theta=10000.0)
+SMOKE_ARCHITECTURE = dict(ARCHITECTURE, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                          num_kv_heads=1, head_dim=16)
+
+
+def get_config(variant: str, *, files: tuple[str, ...], tokenizer: str, steps: int, batch_size: int,
+               seq_len: int, smoke: bool = False) -> ml_collections.ConfigDict:
+    """`variant`: 'ntp' (next-token loss only), 'sbd' (NTP + MATP) or 'sbd_no_ntp' (MATP only)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r}: use one of {VARIANTS}")
+    c = get_base()
+    c.model.architecture = SMOKE_ARCHITECTURE if smoke else ARCHITECTURE
+    c.model.tokenizer = tokenizer
+    c.data.files = files
+    c.data.seq_len = seq_len
+    c.objective.kind = "ntp" if variant == "ntp" else "sbd"
+    c.objective.w_ntp = 0.0 if variant == "sbd_no_ntp" else 1.0
+    c.objective.block_size_min, c.objective.block_size_max = 2, 16
+    c.train.steps = steps
+    c.train.batch_size = batch_size
+    c.optimizer.lr = 2e-3
+    c.optimizer.warmup_steps = max(steps // 20, 1)
+    c.checkpoint.every = max(steps // 4, 1)
+    c.checkpoint.keep = 1
+    c.export_hf = False
+    return c

@@ -1,0 +1,77 @@
+"""The experiment's data, written as JSONL files the trainer reads: arithmetic chats and stdlib code.
+
+Code is real text nobody here wrote: this interpreter's standard-library modules (top-level `.py`
+files, sorted by name); every `HELDOUT_EVERY`-th file is held out for evaluation, the others are
+training text up to a character budget. Arithmetic problems are generated with a fixed seed; the
+held-out problems are drawn excluding every training question.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import NamedTuple
+
+from experiments.small_scale.arithmetic import Problem, problems
+
+STDLIB = os.path.dirname(os.__file__)
+HELDOUT_EVERY = 10
+
+
+class Corpus(NamedTuple):
+    train_files: tuple[str, ...]  # JSONL for the trainer
+    heldout_files: tuple[str, ...]  # JSONL for held-out losses
+    test_problems: list[Problem]
+    heldout_code: list[str]  # the held-out modules' text
+
+
+def stdlib_modules() -> tuple[list[str], list[str]]:
+    """(training, held-out) paths of top-level standard-library modules."""
+    files = sorted(glob.glob(os.path.join(STDLIB, "*.py")))
+    if len(files) < 2 * HELDOUT_EVERY:
+        raise RuntimeError(f"found only {len(files)} modules in {STDLIB}; is this a full Python install?")
+    return ([f for i, f in enumerate(files) if i % HELDOUT_EVERY],
+            [f for i, f in enumerate(files) if not i % HELDOUT_EVERY])
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def _write_jsonl(path: str, records: list[dict]) -> str:
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return path
+
+
+def _chats(items: list[Problem]) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": p.question}, {"role": "assistant", "content": p.answer}]}
+            for p in items]
+
+
+def build_corpus(out: str, *, train_problems: int, test_problems: int, max_digits: int, code_chars: int,
+                 heldout_code_chars: int, seed: int) -> Corpus:
+    """Writes the JSONL files under `out`; sizes are counts of problems and characters of code."""
+    os.makedirs(out, exist_ok=True)
+    train = problems(train_problems, max_digits, seed)
+    test = problems(test_problems, max_digits, seed + 1, exclude=frozenset(p.question for p in train))
+    train_modules, heldout_modules = stdlib_modules()
+    code, size = [], 0
+    for path in train_modules:
+        if size >= code_chars:
+            break
+        code.append(_read(path)[: code_chars - size])
+        size += len(code[-1])
+    heldout_code, size = [], 0
+    for path in heldout_modules:
+        if size >= heldout_code_chars:
+            break
+        heldout_code.append(_read(path)[: heldout_code_chars - size])
+        size += len(heldout_code[-1])
+    train_files = (_write_jsonl(os.path.join(out, "arithmetic_train.jsonl"), _chats(train)),
+                   _write_jsonl(os.path.join(out, "code_train.jsonl"), [{"text": t} for t in code]))
+    heldout_files = (_write_jsonl(os.path.join(out, "arithmetic_heldout.jsonl"), _chats(test)),
+                     _write_jsonl(os.path.join(out, "code_heldout.jsonl"), [{"text": t} for t in heldout_code]))
+    return Corpus(train_files, heldout_files, test, heldout_code)

@@ -1,0 +1,76 @@
+"""The small-scale experiment (experiments/small_scale): its task, tokenizer and a smoke run of the whole pipeline."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments.small_scale.arithmetic import final_result, problems, with_places, worked_answer
+from experiments.small_scale.char_tokenizer import save_char_tokenizer
+from sbd_jax.tokenizer import load_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_worked_answers_add_up_and_chain_carries():
+    rng = np.random.default_rng(0)
+    for a, b in rng.integers(0, 10**6, size=(200, 2)):
+        answer = worked_answer(int(a), int(b))
+        assert final_result(answer) == a + b
+        steps, carry = answer.split(">")[0].split(","), 0
+        for step in steps:  # "c5+0+1=06": the carry written is the previous step's tens digit
+            x, y, c = int(step[1]), int(step[3]), int(step[5])
+            assert c == carry and int(step[7:9]) == x + y + c
+            carry = (x + y + c) // 10
+    assert worked_answer(572, 86) == "a2+6+0=08,b7+8+0=15,c5+0+1=06>c6b5a8"
+    assert with_places(1000) == "d1c0b0a0"
+
+
+@pytest.mark.parametrize("text", ["", "a2+6+0=08", "x>", ">a1b2", ">b1a", ">b1ax", ">a12"])
+def test_final_result_rejects_malformed_answers(text):
+    assert final_result(text) is None
+
+
+def test_heldout_problems_are_unseen():
+    train = problems(2000, 3, seed=0)
+    test = problems(300, 3, seed=1, exclude=frozenset(p.question for p in train))
+    assert len({p.question for p in train}) == 2000
+    assert not {p.question for p in train} & {p.question for p in test}
+
+
+def test_char_tokenizer_round_trips_code_and_renders_chats(tmp_path):
+    tokenizer = load_tokenizer(save_char_tokenizer(str(tmp_path)))
+    code = "def f(x):\n\treturn {'a': x ** 2}  # ok\n"
+    ids = tokenizer(code)["input_ids"]
+    assert len(ids) == len(code) and tokenizer.decode(ids) == code
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "b1a2+a3"}], add_generation_prompt=True,
+                                         tokenize=False)
+    assert chat == "b1a2+a3="
+
+
+def test_smoke_run_writes_every_result(tmp_path):
+    """The whole pipeline (data, three trainings, evaluation grid, report, plots) at toy sizes."""
+    env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="")
+    subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "small_scale", "run.py"), "--smoke",
+                    "--workdir", str(tmp_path)], check=True, env=env, cwd=ROOT, timeout=600)
+    with open(tmp_path / "results.json") as f:
+        results = json.load(f)
+    entries = results["entries"]
+    sbd_settings = len(results["sizes"]["block_sizes"]) * len(results["sizes"]["gammas"])
+    assert len(entries) == 3 + 2 * sbd_settings  # NTP decoding of each model; the SBD grid of the two SBD models
+    for e in entries:
+        assert {"model", "mode", "gamma", "block_size", "accuracy", "tokens_per_pass"} <= e.keys()
+        assert 0.0 <= e["accuracy"] <= 1.0
+        if e["mode"] == "ntp":
+            assert e["tokens_per_pass"] == 1.0 and e["code_agreement_with_ntp"] == 1.0
+        else:
+            assert 1.0 <= e["tokens_per_pass"] <= e["block_size"]
+    assert set(results["heldout_ntp_loss"]) == {"ntp", "sbd", "sbd_no_ntp"}
+    assert all(len(curve) == results["sizes"]["steps"] for curve in results["loss_curves"].values())
+    report = (tmp_path / "results.md").read_text()
+    assert "## Claims" in report and results["command"] in report
+    for plot in ("accuracy_vs_passes.png", "loss_curves.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
