@@ -328,6 +328,11 @@ class Generation(NamedTuple):
     reveal_pass: list[int]  # per token, the row's pass (1-based) that produced it
 
 
+def tokens_per_pass(generations: Sequence[Generation]) -> float:
+    """Generated tokens per decoding forward pass over a set of generations (1.0 for NTP)."""
+    return sum(len(g.token_ids) for g in generations) / max(sum(g.nfe for g in generations), 1)
+
+
 class BatchTiming(NamedTuple):
     compile_seconds: float
     prefill_seconds: float
@@ -339,8 +344,10 @@ class BatchTiming(NamedTuple):
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]], new_slots: int, max_cache_len: int | None,
-                config: ModelConfig, new_label: str = "max_new_tokens") -> tuple[np.ndarray, np.ndarray, int]:
-    """Right-pads prompts to a bucket; returns (tokens [B, T], lengths [B], cache capacity)."""
+                config: ModelConfig, new_label: str = "max_new_tokens",
+                pad_to: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """Right-pads prompts to a bucket (at least `pad_to` long, so batches can share one compiled
+    shape); returns (tokens [B, T], lengths [B], cache capacity)."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("every prompt needs at least one token")
     if max(max(p) for p in prompts) >= config.vocab_size or min(min(p) for p in prompts) < 0:
@@ -353,7 +360,7 @@ def pad_prompts(prompts: Sequence[Sequence[int]], new_slots: int, max_cache_len:
         what = "the model's context" if max_cache_len is None else "the cache size"
         raise UserError(f"prompt ({longest} tokens) + {new_label} ({new_slots}) = {needed} exceeds {what} "
                         f"({limit}); shorten the prompt or lower --max-new-tokens")
-    padded_len = min(-(-longest // PROMPT_BUCKET) * PROMPT_BUCKET, limit - new_slots)
+    padded_len = min(-(-max(longest, pad_to) // PROMPT_BUCKET) * PROMPT_BUCKET, limit - new_slots)
     tokens = np.zeros((len(prompts), padded_len), np.int32)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = prompt
@@ -372,10 +379,13 @@ def _compiled(fn: Any, key: tuple, *args: Any, **static: Any) -> Any:
 
 
 def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], seed: int = 0,
-             max_cache_len: int | None = None) -> tuple[list[Generation], BatchTiming]:
-    """Decodes a batch of token-id prompts; compile, prefill and decode times are measured apart."""
+             max_cache_len: int | None = None, pad_to: int = 0) -> tuple[list[Generation], BatchTiming]:
+    """Decodes a batch of token-id prompts; compile, prefill and decode times are measured apart.
+
+    Prompts are padded to a multiple of 64 tokens, at least `pad_to`: give the longest prompt of a
+    dataset to decode it in batches that all reuse one compiled shape."""
     tokens, lengths, capacity = pad_prompts(prompts, decoder.output_len, max_cache_len, decoder.config,
-                                            decoder.output_label)
+                                            decoder.output_label, pad_to)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
     start = time.perf_counter()
     prefill = _compiled(type(decoder).prefill, ("prefill", decoder, tokens.shape, capacity), decoder,

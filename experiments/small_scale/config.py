@@ -8,9 +8,9 @@ from configs.base import get_base
 
 VARIANTS = ("ntp", "sbd", "sbd_no_ntp")
 
-# About 3.4M parameters (0.03M of them the character embedding).
-ARCHITECTURE = dict(model_type="llama", hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8,
-                    num_kv_heads=4, head_dim=32, max_position_embeddings=512, tie_word_embeddings=True,
+# About 0.8M parameters (13k of them the character embedding): ~0.5 s an SBD step on 2 CPU cores.
+ARCHITECTURE = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
+                    num_kv_heads=2, head_dim=32, max_position_embeddings=512, tie_word_embeddings=True,
                     rope_theta=10000.0)
 SMOKE_ARCHITECTURE = dict(ARCHITECTURE, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
                           num_kv_heads=1, head_dim=16)

@@ -16,7 +16,7 @@ from sbd_jax.config import ModelConfig
 from sbd_jax.data import load_packed
 from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss
-from sbd_jax.sampler import Decoder, Generation, NTPDecoder, SBDDecoder, generate
+from sbd_jax.sampler import Decoder, NTPDecoder, SBDDecoder, generate, tokens_per_pass
 
 
 class Trained(NamedTuple):
@@ -48,10 +48,6 @@ def decoders(model: Trained, max_new_tokens: int, block_sizes: Sequence[int],
         out += [(dict(mode="sbd", gamma=g, block_size=k), SBDDecoder(model.config, block_size=k, gamma=g, **common))
                 for k in block_sizes for g in gammas]
     return out
-
-
-def tokens_per_pass(results: Sequence[Generation]) -> float:
-    return sum(len(r.token_ids) for r in results) / max(sum(r.nfe for r in results), 1)
 
 
 def _chat_prompt(tokenizer: Any, question: str) -> list[int]:
