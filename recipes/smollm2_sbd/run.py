@@ -5,13 +5,15 @@
     python recipes/smollm2_sbd/run.py --workdir /tmp/smoke --smoke         # seconds-to-minutes check of every stage
 
 Stages skip what is already done in --workdir: distilled data is reused, training resumes from its
-last checkpoint (Orbax), evaluation always reruns. Any Llama/Qwen HF directory works as --base.
+last checkpoint (Orbax), evaluation always reruns. Any Llama/Qwen HF directory works as --base (with
+--config configs/llama3_8b.py or configs/qwen3_8b.py for 8B models: their mesh, remat and optimizer).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -45,17 +47,31 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     return write_distilled(out, prompts, answers, generations, model.config.eos_token_ids, sizes["keep_unfinished"])
 
 
-def train(base: str, data: str, workdir: str, sizes: dict, dtype: str) -> list[dict]:
-    from configs.smollm2_135m import get_config
+def load_config(path: str):
+    """`get_config()` of a config file (configs/*.py): its optimizer, mesh, remat and objective settings."""
+    import importlib.util
+
+    from sbd_jax.errors import UserError
+
+    if not os.path.isfile(path):
+        raise UserError(f"config file {path} does not exist; use one of configs/*.py")
+    spec = importlib.util.spec_from_file_location("recipe_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def train(config: str, base: str, data: str, workdir: str, sizes: dict, dtype: str) -> list[dict]:
     from sbd_jax.trainer import Trainer
 
-    cfg = get_config()
+    cfg = load_config(config)
     cfg.model.name = base
     cfg.model.dtype = dtype
     cfg.data.files = (os.path.join(data, "train.jsonl"),)
     cfg.data.seq_len = sizes["seq_len"]
     cfg.objective.block_size_max = min(cfg.objective.block_size_max, sizes["seq_len"] // 2)
     cfg.train.steps, cfg.train.batch_size = sizes["steps"], sizes["batch"]
+    cfg.train.grad_accum = math.gcd(cfg.train.grad_accum, sizes["batch"])  # 8B configs accumulate 64 micro-batches
     cfg.optimizer.warmup_steps = max(sizes["steps"] // 10, 1)
     cfg.checkpoint.every = max(sizes["steps"] // 4, 1)
     Trainer(cfg, workdir).run()
@@ -67,6 +83,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--base", default="smollm2-135m", help="known name, HF directory or GGUF file")
+    parser.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.py"),
+                        help="training config file; the recipe sets its model, data, steps, batch and seq_len")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--cpu", action="store_true", help="CPU sizes: small batches, a subset of the evaluation")
     size.add_argument("--smoke", action="store_true", help="toy sizes: checks every stage")
@@ -85,7 +103,7 @@ def main(argv: list[str]) -> None:
     if not os.path.exists(os.path.join(data, "train.jsonl")):
         print("distill:", distill(args.base, data, sizes, dtype), flush=True)
     seconds["distill"] = time.perf_counter() - began
-    curve = train(args.base, data, train_dir, sizes, dtype)
+    curve = train(args.config, args.base, data, train_dir, sizes, dtype)
     seconds["train"] = time.perf_counter() - began - seconds["distill"]
     from recipes.smollm2_sbd import eval as evaluation
 
