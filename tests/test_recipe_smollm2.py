@@ -25,7 +25,8 @@ def test_prompts_are_deterministic_distinct_and_mixed():
 def test_humaneval_harness_passes_right_code_and_fails_wrong_code():
     tasks = problems(3)
     ids = [t["task_id"] for t in tasks]
-    wrapped = completion_from_answer(f"Here:\n```python\n{tasks[1]['prompt']}{tasks[1]['canonical_solution']}```\nDone.")
+    solution = tasks[1]["prompt"] + tasks[1]["canonical_solution"]
+    wrapped = completion_from_answer(f"Here:\n```python\n{solution}```\nDone.")
     completions = [tasks[0]["canonical_solution"], wrapped, "    return None\n"]
     assert pass_rate(ids, completions) == [True, True, False]
     assert pass_rate(ids[:1], ["    while True:\n        pass\n"], timeout=1.0) == [False]  # timed out

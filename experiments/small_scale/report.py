@@ -25,21 +25,23 @@ def claims(results: dict[str, Any]) -> list[str]:
     gap = total["sbd"] / total["ntp"] - 1
     ablation = total["sbd_no_ntp"] / total["ntp"] - 1
     ok = abs(gap) <= 0.03 and ablation > max(gap, 0) + 0.03  # "clearly worse": 3 points more than SBD's gap
-    lines.append(f"1. **Keeping the NTP loss.** Held-out NTP loss (arithmetic + code) of SBD is {gap:+.1%} vs NTP-only "
-                 f"(target within 3%); without the NTP term it is {ablation:+.1%} (target: ≥ 3 points worse than SBD). "
-                 f"{'Holds' if ok else 'Does not hold'} at this scale.")
+    lines.append(f"1. **Keeping the NTP loss.** Held-out NTP loss (arithmetic + code) of SBD is {gap:+.1%} vs "
+                 f"NTP-only (target within 3%); without the NTP term it is {ablation:+.1%} (target: ≥ 3 points "
+                 f"worse than SBD). {'Holds' if ok else 'Does not hold'} at this scale.")
     biggest = max(results["sizes"]["block_sizes"])
     base = _ntp_entry(entries, "sbd")["accuracy"]
+    reference = (f"the SBD model's NTP decoding ({base:.1%}; the NTP-only model: "
+                 f"{_ntp_entry(entries, 'ntp')['accuracy']:.1%})")
     within = [e for e in _sbd_entries(entries, "sbd", biggest) if e["accuracy"] >= base - 0.01]
     if within:
         best = max(within, key=lambda e: e["tokens_per_pass"])
-        lines.append(f"2. **Fewer passes at the same accuracy.** At block {biggest}, the largest γ within 1 point of "
-                     f"the SBD model's NTP decoding ({base:.1%}) is γ={best['gamma']}: accuracy {best['accuracy']:.1%} "
-                     f"with {best['tokens_per_pass']:.2f} tokens per pass (target ≥ 3). "
-                     f"{'Holds' if best['tokens_per_pass'] >= 3 else 'Does not hold'} at this scale.")
+        verdict = "Holds" if best["tokens_per_pass"] >= 3 else "Does not hold"
+        lines.append(f"2. **Fewer passes at the same accuracy.** At block {biggest}, the γ with the most tokens per "
+                     f"pass within 1 point of {reference} is γ={best['gamma']}: accuracy {best['accuracy']:.1%} with "
+                     f"{best['tokens_per_pass']:.2f} tokens per pass (target ≥ 3). {verdict} at this scale.")
     else:
-        lines.append(f"2. **Fewer passes at the same accuracy.** No γ at block {biggest} stays within 1 point of NTP "
-                     f"decoding ({base:.1%}). Does not hold at this scale.")
+        lines.append(f"2. **Fewer passes at the same accuracy.** No γ at block {biggest} stays within 1 point of "
+                     f"{reference}. Does not hold at this scale.")
     grid = _sbd_entries(entries, "sbd", biggest)
     steps = sorted(grid[0]["accuracy_by_steps"], key=int)
     first, last = grid[0], grid[-1]
@@ -53,41 +55,51 @@ def claims(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _row(*cells: Any) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _setting(e: dict) -> tuple:
+    return NAMES[e["model"]], e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"]
+
+
 def markdown(results: dict[str, Any]) -> str:
-    entries, loss = results["entries"], results["heldout_ntp_loss"]
+    entries, loss, sizes = results["entries"], results["heldout_ntp_loss"], results["sizes"]
     machine, runtime = results["machine"], results["runtime_seconds"]
     out = ["# SBD at small scale: three models trained from scratch on a CPU", "",
-           f"Command: `{results['command']}`  ", f"Runtime: {runtime['total'] / 60:.1f} min in total "
+           f"Command: `{results['command']}`  ",
+           f"Runtime: {runtime['total'] / 60:.1f} min in total "
            f"({runtime['train'] / 60:.1f} min training three models).  ",
-           f"Machine: {machine['processor']}, {machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}, "
-           f"jax {machine['jax']}.  ",
+           f"Machine: {machine['processor']}, {machine['cpus']} CPUs, {machine['platform']}, "
+           f"Python {machine['python']}, jax {machine['jax']}.  ",
            f"Models: Llama, {results['parameters']['ntp'] / 1e6:.2f}M parameters, character tokenizer; "
-           f"{results['sizes']['steps']} steps of {results['sizes']['batch_size']} x {results['sizes']['seq_len']} "
-           "tokens, same data and seed for all three. All decoding greedy.", "", "## Claims", ""]
+           f"{sizes['steps']} steps of {sizes['batch_size']} x {sizes['seq_len']} tokens, same data and seed for "
+           "all three. All decoding greedy.", "", "## Claims", ""]
     out += claims(results)
-    out += ["", "## Held-out NTP loss (nats per token)", "", "| model | arithmetic answers | code | sum | vs NTP-only |",
-            "|---|---|---|---|---|"]
+    out += ["", "## Held-out NTP loss (nats per token)", "",
+            _row("model", "arithmetic answers", "code", "sum", "vs NTP-only"), _row(*["---"] * 5)]
     ref = loss["ntp"]["arithmetic"] + loss["ntp"]["code"]
     for model, v in loss.items():
         total = v["arithmetic"] + v["code"]
-        out.append(f"| {NAMES[model]} | {v['arithmetic']:.4f} | {v['code']:.4f} | {total:.4f} | {total / ref - 1:+.1%} |")
+        out.append(_row(NAMES[model], f"{v['arithmetic']:.4f}", f"{v['code']:.4f}", f"{total:.4f}",
+                        f"{total / ref - 1:+.1%}"))
     steps = sorted(entries[0]["accuracy_by_steps"], key=int)
     out += ["", "## Arithmetic: exact match and tokens per pass", "",
-            "| model | mode | block | γ | accuracy | tokens/pass | " + " | ".join(f"acc. {s} steps" for s in steps) + " |",
-            "|---|---|---|---|---|---|" + "---|" * len(steps)]
+            _row("model", "mode", "block", "γ", "accuracy", "tokens/pass", *(f"acc. {s} steps" for s in steps)),
+            _row(*["---"] * (6 + len(steps)))]
     for e in entries:
-        by_steps = " | ".join(f"{e['accuracy_by_steps'].get(s, float('nan')):.1%}" for s in steps)
-        out.append(f"| {NAMES[e['model']]} | {e['mode']} | {e['block_size']} | {'' if e['gamma'] is None else e['gamma']} | "
-                   f"{e['accuracy']:.1%} | {e['tokens_per_pass']:.2f} | {by_steps} |")
+        by_steps = (f"{e['accuracy_by_steps'].get(s, float('nan')):.1%}" for s in steps)
+        out.append(_row(*_setting(e), f"{e['accuracy']:.1%}", f"{e['tokens_per_pass']:.2f}", *by_steps))
     out += ["", "## Code continuation (held-out standard-library modules)", "",
-            "Agreement: the share of the same model's NTP-decoded tokens that SBD reproduces at the same position. "
-            "Log-prob: mean log-probability per generated token under the NTP-only model.", "",
-            "| model | mode | block | γ | tokens/pass | agreement with NTP | NTP-only log-prob |", "|---|---|---|---|---|---|---|"]
+            "Agreement: the share of the same model's NTP-decoded tokens that SBD reproduces at the same "
+            "position. Log-prob: mean log-probability per generated token under the NTP-only model.", "",
+            _row("model", "mode", "block", "γ", "tokens/pass", "agreement with NTP", "NTP-only log-prob"),
+            _row(*["---"] * 7)]
     for e in entries:
-        out.append(f"| {NAMES[e['model']]} | {e['mode']} | {e['block_size']} | {'' if e['gamma'] is None else e['gamma']} | "
-                   f"{e['code_tokens_per_pass']:.2f} | {e['code_agreement_with_ntp']:.1%} | {e['code_ntp_model_logprob']:.3f} |")
-    out += ["", "Plots: `accuracy_vs_passes.png` (accuracy against tokens per pass, one line per block size, γ along "
-            "each line) and `loss_curves.png` (training NTP and MATP losses).", ""]
+        out.append(_row(*_setting(e), f"{e['code_tokens_per_pass']:.2f}", f"{e['code_agreement_with_ntp']:.1%}",
+                        f"{e['code_ntp_model_logprob']:.3f}"))
+    out += ["", "Plots: `accuracy_vs_passes.png` (accuracy against tokens per pass, one line per block size, "
+            "γ along each line) and `loss_curves.png` (training NTP and MATP losses).", ""]
     return "\n".join(out)
 
 

@@ -1,8 +1,8 @@
 """The whole recipe, one command: self-distilled data -> SBD fine-tune -> evaluation against the base model.
 
-    python recipes/smollm2_sbd/run.py --workdir runs/smollm2_sbd            # sized for one H200 (~8 min, not yet measured)
-    python recipes/smollm2_sbd/run.py --workdir runs/cpu --cpu             # a few hundred small steps on a CPU
-    python recipes/smollm2_sbd/run.py --workdir /tmp/smoke --smoke         # seconds-to-minutes check of every stage
+    python recipes/smollm2_sbd/run.py --workdir runs/smollm2_sbd     # sized for one H200 (~8 min; not yet measured)
+    python recipes/smollm2_sbd/run.py --workdir runs/cpu --cpu      # a few hundred small steps on a CPU
+    python recipes/smollm2_sbd/run.py --workdir /tmp/smoke --smoke  # toy sizes: checks every stage
 
 Stages skip what is already done in --workdir: distilled data is reused, training resumes from its
 last checkpoint (Orbax), evaluation always reruns. Any Llama/Qwen HF directory works as --base (with
