@@ -21,8 +21,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-# prompts, answer_tokens: distillation; steps, batch, seq_len: training; problems, heldout, max_new: evaluation.
-GPU = dict(prompts=4000, answer_tokens=256, keep_unfinished=False, distill_batch=128, steps=400, batch=32, seq_len=512,
+# prompts, answer_tokens: distillation; steps, batch, seq_len: training (GPU: the config's own);
+# problems, heldout (None = all), max_new: evaluation.
+GPU = dict(prompts=4000, answer_tokens=256, keep_unfinished=False, distill_batch=128,
            problems=None, heldout=None, max_new=256, eval_batch=64, gammas=(0.1, 0.35, 0.6, 1.0), block=16)
 CPU = dict(prompts=320, answer_tokens=96, keep_unfinished=False, distill_batch=32, steps=200, batch=2, seq_len=128,
            problems=8, heldout=8, max_new=96, eval_batch=8, gammas=(0.1, 0.35, 0.6, 1.0), block=16)
@@ -68,12 +69,14 @@ def train(config: str, base: str, data: str, workdir: str, sizes: dict, dtype: s
     cfg.model.name = base
     cfg.model.dtype = dtype
     cfg.data.files = (os.path.join(data, "train.jsonl"),)
-    cfg.data.seq_len = sizes["seq_len"]
-    cfg.objective.block_size_max = min(cfg.objective.block_size_max, sizes["seq_len"] // 2)
-    cfg.train.steps, cfg.train.batch_size = sizes["steps"], sizes["batch"]
-    cfg.train.grad_accum = math.gcd(cfg.train.grad_accum, sizes["batch"])  # 8B configs accumulate 64 micro-batches
-    cfg.optimizer.warmup_steps = max(sizes["steps"] // 10, 1)
-    cfg.checkpoint.every = max(sizes["steps"] // 4, 1)
+    cfg.data.seq_len = sizes.get("seq_len", cfg.data.seq_len)
+    cfg.objective.block_size_max = min(cfg.objective.block_size_max, cfg.data.seq_len // 2)
+    cfg.train.steps = sizes.get("steps", cfg.train.steps)
+    cfg.train.batch_size = sizes.get("batch", cfg.train.batch_size)
+    cfg.train.grad_accum = math.gcd(cfg.train.grad_accum, cfg.train.batch_size)  # 8B configs accumulate 64
+    if "steps" in sizes:
+        cfg.optimizer.warmup_steps = max(cfg.train.steps // 10, 1)
+        cfg.checkpoint.every = max(cfg.train.steps // 4, 1)
     Trainer(cfg, workdir).run()
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
