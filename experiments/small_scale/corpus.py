@@ -40,6 +40,17 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def _first_chars(paths: list[str], budget: int) -> list[str]:
+    """The files' texts, in order, until `budget` characters (the last one cut)."""
+    texts, size = [], 0
+    for path in paths:
+        if size >= budget:
+            break
+        texts.append(_read(path)[: budget - size])
+        size += len(texts[-1])
+    return texts
+
+
 def _write_jsonl(path: str, records: list[dict]) -> str:
     with open(path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)
@@ -58,18 +69,7 @@ def build_corpus(out: str, *, train_problems: int, test_problems: int, max_digit
     train = problems(train_problems, max_digits, seed)
     test = problems(test_problems, max_digits, seed + 1, exclude=frozenset(p.question for p in train))
     train_modules, heldout_modules = stdlib_modules()
-    code, size = [], 0
-    for path in train_modules:
-        if size >= code_chars:
-            break
-        code.append(_read(path)[: code_chars - size])
-        size += len(code[-1])
-    heldout_code, size = [], 0
-    for path in heldout_modules:
-        if size >= heldout_code_chars:
-            break
-        heldout_code.append(_read(path)[: heldout_code_chars - size])
-        size += len(heldout_code[-1])
+    code, heldout_code = _first_chars(train_modules, code_chars), _first_chars(heldout_modules, heldout_code_chars)
     train_files = (_write_jsonl(os.path.join(out, "arithmetic_train.jsonl"), _chats(train)),
                    _write_jsonl(os.path.join(out, "code_train.jsonl"), [{"text": t} for t in code]))
     heldout_files = (_write_jsonl(os.path.join(out, "arithmetic_heldout.jsonl"), _chats(test)),
