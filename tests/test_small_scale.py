@@ -60,7 +60,7 @@ def test_smoke_run_writes_every_result(tmp_path):
         results = json.load(f)
     entries = results["entries"]
     sbd_settings = len(results["sizes"]["block_sizes"]) * len(results["sizes"]["gammas"])
-    assert len(entries) == 3 + 2 * sbd_settings  # NTP decoding of each model; the SBD grid of the two SBD models
+    assert len(entries) == 4 + 3 * sbd_settings  # NTP decoding of each model; the SBD grid of the three SBD models
     for e in entries:
         assert {"model", "mode", "gamma", "block_size", "accuracy", "tokens_per_pass"} <= e.keys()
         assert 0.0 <= e["accuracy"] <= 1.0
@@ -68,8 +68,9 @@ def test_smoke_run_writes_every_result(tmp_path):
             assert e["tokens_per_pass"] == 1.0 and e["code_agreement_with_ntp"] == 1.0
         else:
             assert 1.0 <= e["tokens_per_pass"] <= e["block_size"]
-    assert set(results["heldout_ntp_loss"]) == {"ntp", "sbd", "sbd_no_ntp"}
-    assert all(len(curve) == results["sizes"]["steps"] for curve in results["loss_curves"].values())
+    assert set(results["heldout_ntp_loss"]) == {"ntp", "sbd", "sbd_no_ntp", "sbd_from_ntp"}
+    steps = {name: len(curve) for name, curve in results["loss_curves"].items()}
+    assert steps == {"ntp": 6, "sbd": 6, "sbd_no_ntp": 6, "sbd_from_ntp": 3}
     report = (tmp_path / "results.md").read_text()
     assert "## Claims" in report and results["command"] in report
     for plot in ("accuracy_vs_passes.png", "loss_curves.png"):
