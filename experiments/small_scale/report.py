@@ -68,7 +68,7 @@ def _setting(e: dict) -> tuple:
 def markdown(results: dict[str, Any]) -> str:
     entries, loss, sizes = results["entries"], results["heldout_ntp_loss"], results["sizes"]
     machine, runtime = results["machine"], results["runtime_seconds"]
-    out = ["# SBD at small scale: three models trained from scratch on a CPU", "",
+    out = ["# SBD at small scale: tiny models trained on a CPU", "",
            f"Command: `{results['command']}`  ",
            f"Runtime: training " + ", ".join(f"{NAMES[m]} {t / 60:.1f} min" for m, t in runtime["train"].items())
            + f" (step and compile time); this invocation {runtime['total'] / 60:.1f} min in total.  ",
