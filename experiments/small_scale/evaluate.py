@@ -26,6 +26,12 @@ class Trained(NamedTuple):
     tokenizer: Any
 
 
+@functools.lru_cache(maxsize=None)
+def _forward(config: ModelConfig) -> Any:
+    """One jitted forward per architecture, so repeated scoring calls reuse its compilations."""
+    return jax.jit(Transformer(config).apply)
+
+
 def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64) -> float:
     """Mean next-token loss over every loss-carrying token of the files (answers only for chats)."""
     packed = load_packed(files, model.tokenizer, seq_len)
@@ -102,7 +108,7 @@ def mean_logprob(scorer: Trained, prompts: Sequence[Sequence[int]], continuation
     for i, (row, prompt) in enumerate(zip(rows, prompts)):
         tokens[i, : len(row)] = row
         target[i, len(prompt): len(row)] = True
-    logits, _ = jax.jit(Transformer(scorer.config).apply)(
+    logits, _ = _forward(scorer.config)(
         {"params": scorer.params}, jnp.asarray(tokens), jnp.arange(length)[None], mask=masks.causal(length))
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
     picked = np.asarray(jnp.take_along_axis(logp, jnp.asarray(tokens)[:, 1:, None], axis=-1)[..., 0])

@@ -70,7 +70,7 @@ def markdown(results: dict[str, Any]) -> str:
     machine, runtime = results["machine"], results["runtime_seconds"]
     out = ["# SBD at small scale: tiny models trained on a CPU", "",
            f"Command: `{results['command']}`  ",
-           f"Runtime: training " + ", ".join(f"{NAMES[m]} {t / 60:.1f} min" for m, t in runtime["train"].items())
+           "Runtime: training " + ", ".join(f"{NAMES[m]} {t / 60:.1f} min" for m, t in runtime["train"].items())
            + f" (step and compile time); this invocation {runtime['total'] / 60:.1f} min in total.  ",
            f"Machine: {machine['processor']}, {machine['cpus']} CPUs, {machine['platform']}, "
            f"Python {machine['python']}, jax {machine['jax']}.  ",
