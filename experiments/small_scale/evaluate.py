@@ -35,14 +35,20 @@ def _forward(config: ModelConfig) -> Any:
 def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64) -> float:
     """Mean next-token loss over every loss-carrying token of the files (answers only for chats)."""
     packed = load_packed(files, model.tokenizer, seq_len)
-    loss_fn = jax.jit(functools.partial(ntp_loss, model=Transformer(model.config)))
+    loss_fn = _ntp_loss(model.config)
     total, count = 0.0, 0.0
-    for start in range(0, len(packed.tokens), batch_size):
+    for start in range(0, len(packed.tokens), batch_size):  # sums stay on device: no host sync per batch
         batch = Batch(*(jnp.asarray(x[start: start + batch_size]) for x in packed))
         loss, metrics = loss_fn(model.params, batch=batch)
-        total += float(loss) * float(metrics["ntp_tokens"])
-        count += float(metrics["ntp_tokens"])
-    return total / count
+        total += loss * metrics["ntp_tokens"]
+        count += metrics["ntp_tokens"]
+    return float(total / count)
+
+
+@functools.lru_cache(maxsize=None)
+def _ntp_loss(config: ModelConfig) -> Any:
+    """One jitted held-out loss per architecture, shared by every model and file of that shape."""
+    return jax.jit(functools.partial(ntp_loss, model=Transformer(config)))
 
 
 def decoders(model: Trained, max_new_tokens: int, block_sizes: Sequence[int],
