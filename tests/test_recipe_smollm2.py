@@ -57,7 +57,8 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     base, tuned, sbd = rows
     assert base["agreement_with_base"] == 1.0  # the base model reproduces its own distilled answers
     assert base["tokens_per_pass"] == tuned["tokens_per_pass"] == 1.0 and tuned["speedup_batch1"] == 1.0
-    assert 1.0 <= sbd["tokens_per_pass"] <= sbd["block_size"]
+    # Below 1 is possible: a pass can reveal tokens after an EOS revealed later, which are then dropped.
+    assert 0.0 < sbd["tokens_per_pass"] <= sbd["block_size"]
     assert all(r["humaneval_problems"] == 2 and 0 <= r["humaneval_pass_at_1"] <= 1 for r in rows)
     run = json.load(open(tmp_path / "run.json"))
     assert set(run["loss_last_tenth"]) == {"ntp_loss", "matp_loss"} and run["sizes"]["steps"] == 2

@@ -67,7 +67,8 @@ def test_smoke_run_writes_every_result(tmp_path):
         if e["mode"] == "ntp":
             assert e["tokens_per_pass"] == 1.0 and e["code_agreement_with_ntp"] == 1.0
         else:
-            assert 1.0 <= e["tokens_per_pass"] <= e["block_size"]
+            # Below 1 is possible: tokens revealed after an EOS that is revealed later are dropped.
+            assert 0.0 < e["tokens_per_pass"] <= e["block_size"]
     assert set(results["heldout_ntp_loss"]) == {"ntp", "sbd", "sbd_no_ntp", "sbd_from_ntp"}
     steps = {name: len(curve) for name, curve in results["loss_curves"].items()}
     assert steps == {"ntp": 6, "sbd": 6, "sbd_no_ntp": 6, "sbd_from_ntp": 3}
