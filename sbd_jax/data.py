@@ -1,12 +1,13 @@
 """Training data: local JSONL (`text` or chat `messages`) and plain text files -> packed Grain batches.
 
 Documents are tokenized (chat through the model's template, loss on assistant tokens only), packed
-greedily into fixed-length rows with segment ids and per-document positions, then served by a Grain
+best-fit into fixed-length rows with segment ids and per-document positions, then served by a Grain
 `MapDataset`: deterministic shuffle, sharded per host, and an iterator whose state is checkpointed.
 """
 
 from __future__ import annotations
 
+import bisect
 import glob
 import os
 from typing import Any, Iterator, NamedTuple, Sequence
@@ -89,21 +90,45 @@ def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
 
 
 def pack(documents: Sequence[Document], seq_len: int) -> Packed:
-    """Concatenates documents and cuts the stream into rows of `seq_len` (the last row padded).
+    """Packs documents into rows of `seq_len`, never splitting one that fits in a row.
 
-    A document that does not fit the rest of a row continues at the start of the next one; segment
-    ids keep documents apart, positions count from 0 in each document piece of a row.
+    A document longer than a row is cut into row-long pieces plus a remainder. Each piece goes to
+    the fullest row that still has room for it (best fit), or opens a new row; the rest of a row is
+    padding (segment id 0). Segment ids keep documents apart; positions count from 0 in each piece:
+    a continuation piece is a window of its own, with no earlier context in its row (its true offset
+    could also exceed the model's position range).
     """
-    lengths = [len(d.ids) for d in documents]
-    flat_tokens = np.concatenate([np.asarray(d.ids, np.int32) for d in documents])
-    flat_loss = np.concatenate([np.asarray(d.loss_mask, bool) for d in documents])
-    flat_segments = np.repeat(np.arange(1, len(documents) + 1, dtype=np.int32), lengths)
-    rows = -(-len(flat_tokens) // seq_len)
-    pad = rows * seq_len - len(flat_tokens)
-    tokens = np.pad(flat_tokens, (0, pad)).reshape(rows, seq_len)
-    segments = np.pad(flat_segments, (0, pad)).reshape(rows, seq_len)
-    loss_mask = np.pad(flat_loss, (0, pad)).reshape(rows, seq_len)
+    pieces = [(doc, start, min(start + seq_len, len(d.ids)))
+              for doc, d in enumerate(documents) for start in range(0, len(d.ids), seq_len)]
+    rows: list[list[tuple[int, int, int]]] = []
+    open_rows: list[tuple[int, int]] = []  # (room left, row), sorted
+    for piece in pieces:
+        size = piece[2] - piece[1]
+        fit = bisect.bisect_left(open_rows, (size, -1))
+        if fit < len(open_rows):
+            room, row = open_rows.pop(fit)
+        else:
+            room, row = seq_len, len(rows)
+            rows.append([])
+        rows[row].append(piece)
+        if room > size:
+            bisect.insort(open_rows, (room - size, row))
+    tokens = np.zeros((len(rows), seq_len), np.int32)
+    segments = np.zeros((len(rows), seq_len), np.int32)
+    loss_mask = np.zeros((len(rows), seq_len), bool)
+    for row, row_pieces in enumerate(rows):
+        at = 0
+        for number, (doc, start, end) in enumerate(row_pieces, start=1):
+            tokens[row, at: at + end - start] = documents[doc].ids[start:end]
+            loss_mask[row, at: at + end - start] = documents[doc].loss_mask[start:end]
+            segments[row, at: at + end - start] = number
+            at += end - start
     return Packed(tokens, segments, segment_positions(segments), loss_mask)
+
+
+def padding_fraction(packed: Packed) -> float:
+    """Share of the packed rows' slots that hold no token."""
+    return float((packed.segment_ids == 0).mean())
 
 
 def segment_positions(segments: np.ndarray) -> np.ndarray:

@@ -33,14 +33,59 @@ def check_objective(block_size: int, eta_range: tuple[float, float], seq_len: in
         raise UserError(f"eta range ({low}, {high}) must satisfy 0 <= min <= max <= 1")
 
 
-def noise(batch: Batch, rng: jax.Array, mask_id: int, eta_range: tuple[float, float] = (0.0, 1.0)) -> jax.Array:
+def noise(segment_ids: jax.Array, rng: jax.Array, eta_range: tuple[float, float] = (0.0, 1.0)) -> jax.Array:
     """bool `[B, L]`: which positions the noisy copy replaces by the mask token.
 
-    Per sequence η ~ U(eta_range); each real (non-padding) token is masked with probability η.
+    Per sequence η ~ U(eta_range); each position of a document (segment id > 0) is masked with probability η.
     """
     eta_rng, token_rng = jax.random.split(rng)
-    eta = jax.random.uniform(eta_rng, (batch.tokens.shape[0], 1), minval=eta_range[0], maxval=eta_range[1])
-    return (jax.random.uniform(token_rng, batch.tokens.shape) < eta) & (batch.segment_ids > 0)
+    eta = jax.random.uniform(eta_rng, (segment_ids.shape[0], 1), minval=eta_range[0], maxval=eta_range[1])
+    return (jax.random.uniform(token_rng, segment_ids.shape) < eta) & (segment_ids > 0)
+
+
+class NoisyLayout(NamedTuple):
+    """The noisy half's documents, `[B, L]` each: the clean half's, with document ends extended."""
+
+    segment_ids: jax.Array
+    positions: jax.Array
+    tokens: jax.Array  # clean tokens, EOS on the extended positions (the MATP targets)
+    loss_mask: jax.Array
+
+
+def noisy_layout(batch: Batch, block_size: int, end_id: int | None) -> NoisyLayout:
+    """Gives every document that ends inside a block the rest of that block in the noisy half (SPEC §2).
+
+    At inference a block is always `block_size` positions, so an answer that ends inside it leaves
+    positions after its EOS; here they join the ending document (taking them from the next document
+    or from padding), continue its positions, and have `end_id` (EOS) as their target and, where not
+    masked, as their revealed token. They carry loss if the document's last token does. A document
+    ends where the next position holds another segment; a row's last document piece is never
+    extended (nothing follows it). `end_id=None` leaves the layout as the clean half's.
+    """
+    tokens, seg, pos, loss = batch
+    if end_id is None:
+        return NoisyLayout(seg, pos, tokens, loss)
+    batch_size, seq_len = seg.shape
+    index = jnp.arange(seq_len)
+    ends = (seg > 0) & jnp.pad(seg[:, 1:] != seg[:, :-1], ((0, 0), (0, 1)))  # last token of a finished document
+    # The first document end in each block: positions after it in that block belong to that document.
+    num_blocks = -(-seq_len // block_size)
+    end_index = jnp.where(ends, index, seq_len)
+    end_index = jnp.pad(end_index, ((0, 0), (0, num_blocks * block_size - seq_len)), constant_values=seq_len)
+    first_end = jnp.repeat(end_index.reshape(batch_size, num_blocks, block_size).min(axis=2), block_size,
+                           axis=1)[:, :seq_len]
+    tail = index[None] > first_end
+    owner = jnp.minimum(first_end, seq_len - 1)
+
+    def owners(x):
+        return jnp.take_along_axis(x, owner, axis=1)
+
+    return NoisyLayout(
+        segment_ids=jnp.where(tail, owners(seg), seg),
+        positions=jnp.where(tail, owners(pos) + index[None] - first_end, pos),
+        tokens=jnp.where(tail, end_id, tokens),
+        loss_mask=jnp.where(tail, owners(loss), loss),
+    )
 
 
 def sbd_loss(
@@ -54,28 +99,28 @@ def sbd_loss(
     w_ntp: float = 1.0,
     w_matp: float = 1.0,
     eta_range: tuple[float, float] = (0.0, 1.0),
+    end_id: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Joint loss `w_ntp * NTP + w_matp * MATP` and its metrics.
 
     NTP: cross-entropy over clean positions 2..L (shifted), within a document, where loss_mask.
     MATP: cross-entropy over noisy positions that were masked, target the clean token (not shifted),
-    only inside full blocks (a trailing partial block is ignored), where loss_mask. Each term is a mean
-    over its own counted tokens.
+    only inside full blocks (a trailing partial block is ignored), where loss_mask. With `end_id`
+    (EOS), the noisy half extends each finished document to the end of its last block, target EOS
+    (`noisy_layout`). Each term is a mean over its own counted tokens.
     """
     tokens, seg = batch.tokens, batch.segment_ids
     seq_len = tokens.shape[1]
-    masked = noise(batch, rng, mask_id, eta_range)
-    noisy = jnp.where(masked, mask_id, tokens)
-    inputs = jnp.concatenate([tokens, noisy], axis=1)
-    positions = jnp.concatenate([batch.positions, batch.positions], axis=1)
-    attn = SBDTrainingMask(jnp.concatenate([seg, seg], axis=1), seq_len=seq_len, block_size=block_size)
+    layout = noisy_layout(batch, block_size, end_id)
+    masked = noise(layout.segment_ids, rng, eta_range)
+    inputs, positions, attn = training_inputs(batch, layout, masked, mask_id, block_size)
     hidden, _ = model.apply({"params": params}, inputs, positions, mask=attn, compute_logits=False)
     # One chunked CE pass: clean position t targets token t+1, noisy position i targets token i.
-    targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1], tokens], axis=1)
+    targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1], layout.tokens], axis=1)
     ce = token_cross_entropy(hidden, output_kernel(params, model.config), targets)
     ntp_weight = _next_token_weight(batch)
     full_blocks = (seq_len // block_size) * block_size
-    matp_weight = masked & batch.loss_mask & (jnp.arange(seq_len) < full_blocks)[None]
+    matp_weight = masked & layout.loss_mask & (jnp.arange(seq_len) < full_blocks)[None]
     ntp_count, matp_count = ntp_weight.sum(), matp_weight.sum()
     ntp_loss_value = jnp.sum(ce[:, : seq_len - 1] * ntp_weight) / jnp.maximum(ntp_count, 1)
     matp_loss = jnp.sum(ce[:, seq_len:] * matp_weight) / jnp.maximum(matp_count, 1)
@@ -83,10 +128,21 @@ def sbd_loss(
     real = (seg > 0).sum()
     metrics = {
         "loss": loss, "ntp_loss": ntp_loss_value, "matp_loss": matp_loss,
-        "masked_fraction": masked.sum() / jnp.maximum(real, 1),
+        "masked_fraction": masked.sum() / jnp.maximum((layout.segment_ids > 0).sum(), 1),
         "ntp_tokens": ntp_count, "matp_tokens": matp_count, "tokens": real,
     }
     return loss, metrics
+
+
+def training_inputs(batch: Batch, layout: NoisyLayout, masked: jax.Array, mask_id: int,
+                    block_size: int) -> tuple[jax.Array, jax.Array, SBDTrainingMask]:
+    """The one forward's `[clean | noisy]` tokens and positions `[B, 2L]` and its attention mask."""
+    noisy = jnp.where(masked, mask_id, layout.tokens)
+    inputs = jnp.concatenate([batch.tokens, noisy], axis=1)
+    positions = jnp.concatenate([batch.positions, layout.positions], axis=1)
+    attn = SBDTrainingMask(jnp.concatenate([batch.segment_ids, layout.segment_ids], axis=1),
+                           seq_len=batch.tokens.shape[1], block_size=block_size)
+    return inputs, positions, attn
 
 
 def ntp_loss(params: Any, model: Transformer, batch: Batch) -> tuple[jax.Array, dict[str, jax.Array]]:

@@ -35,6 +35,13 @@ class DecodeOutput(NamedTuple):
 
 
 # --------------------------------------------------------------------------- token choice
+def without_token(logits: jax.Array, token_id: int | None) -> jax.Array:
+    """The logits with `token_id` (the mask token, never a valid output: SPEC §4.4) made impossible."""
+    if token_id is None:
+        return logits
+    return logits.at[..., token_id].set(-jnp.inf)
+
+
 def sampling_logits(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
     """Logits of the distribution tokens are drawn from: `logits / T`, -inf outside the top-p nucleus.
 
@@ -179,7 +186,8 @@ class NTPDecoder(Decoder):
             step, cache, last, tokens, count, done = s
             logits, kv = model.apply({"params": params}, last[:, None], cache.lengths[:, None], cache=cache)
             cache = append(cache, kv.k, kv.v, 1)
-            token = choose_tokens(logits[:, -1], jax.random.fold_in(rng, step), self.temperature, self.top_p)
+            token = choose_tokens(without_token(logits[:, -1], self.config.mask_token_id),
+                                  jax.random.fold_in(rng, step), self.temperature, self.top_p)
             token = jnp.where(done, 0, token)
             tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))
             return step + 1, cache, token, tokens, count + (~done), done | self._is_eos(token)
@@ -276,7 +284,7 @@ class SBDDecoder(Decoder):
         def reveal(block, live, nfe, passes, logits, offset, rng):
             """One EB step on every row's undecided positions; returns what is undecided after it."""
             todo = undecided(block, live, offset)
-            dist = sampling_logits(logits, self.temperature, self.top_p)  # top-p sorts once per pass
+            dist = sampling_logits(without_token(logits, mask_id), self.temperature, self.top_p)  # sorts once
             chosen = draw(dist, rng, self.temperature)
             now = eb_reveal(uncertainty(dist, self.proxy), todo, gamma)
             nfe = nfe + todo.any(axis=1)
@@ -301,8 +309,9 @@ class SBDDecoder(Decoder):
                                                   jax.random.fold_in(step_rng, n))
                 return block, nfe, passes, left, n + 1
 
+            # Every pass reveals >= 1 undecided position of each row, so k passes always suffice.
             block, nfe, passes, _, _ = jax.lax.while_loop(
-                lambda p: p[3].any(), pass_body, (block, nfe, passes, left, jnp.int32(1)))
+                lambda p: p[3].any() & (p[4] < k), pass_body, (block, nfe, passes, left, jnp.int32(1)))
             eos_at = jnp.where(self._is_eos(block), position, k).min(axis=1)
             kept = jnp.minimum(jnp.where(done, 0, jnp.minimum(eos_at + 1, k)), self.max_new_tokens - offset)
             tokens = jax.lax.dynamic_update_slice(tokens, jnp.where(done[:, None], 0, block), (0, offset))

@@ -67,13 +67,16 @@ def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
 def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model: Transformer,
                tx: optax.GradientTransformation, schedule: Any, objective: str, block_size: int,
                mask_id: int, weights: tuple[float, float], eta_range: tuple[float, float],
-               grad_accum: int) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step; the batch is split into `grad_accum` micro-batches whose grads are averaged."""
+               grad_accum: int, end_id: int | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimizer step; the batch is split into `grad_accum` micro-batches whose grads are averaged.
+
+    `end_id` (the model's EOS) is what the noisy half predicts after a document's end (objective.noisy_layout).
+    """
     def loss_fn(params, micro, micro_rng):
         if objective == "ntp":
             return ntp_loss(params, model, micro)
         return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=mask_id,
-                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range)
+                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range, end_id=end_id)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if grad_accum == 1:
@@ -104,7 +107,8 @@ def jitted_train_step(cfg: ml_collections.ConfigDict, model: Transformer, tx: op
     step = functools.partial(
         train_step, model=model, tx=tx, schedule=schedule, objective=obj.kind, block_size=block_size,
         mask_id=model.config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
-        eta_range=(obj.eta_min, obj.eta_max), grad_accum=cfg.train.grad_accum)
+        eta_range=(obj.eta_min, obj.eta_max), grad_accum=cfg.train.grad_accum,
+        end_id=model.config.eos_token_ids[0] if model.config.eos_token_ids else None)
     batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
     return jax.jit(step, in_shardings=(state_shardings, batch_sh, sharding.replicated(mesh)),
                    out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=(0,))

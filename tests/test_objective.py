@@ -8,12 +8,15 @@ import pytest
 from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
-from sbd_jax.objective import Batch, check_objective, noise, ntp_loss, sbd_loss
+from sbd_jax.kv_cache import append, init_cache
+from sbd_jax.objective import (Batch, check_objective, noise, noisy_layout, ntp_loss, sbd_loss,
+                               training_inputs)
+from sbd_jax.sampler import SBDDecoder
 from tests.test_masks_attention import spec_mask
 
 CFG = ModelConfig(model_type="llama", vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, mask_token_id=49)
-L, K, MASK = 11, 4, 49  # 11 = two full blocks of 4 + a partial block of 3
+L, K, MASK, EOS = 11, 4, 49, 48  # 11 = two full blocks of 4 + a partial block of 3
 
 
 def make_batch():
@@ -28,24 +31,41 @@ def make_batch():
     return Batch(*map(jnp.asarray, (tokens, seg, positions, loss_mask)))
 
 
+def reference_layout(batch, k):
+    """SPEC §2 document ends, by loops: after a document's last token (the next position holds another
+    segment), the rest of that block joins it in the noisy half, EOS as target, positions continued."""
+    tokens, seg, pos, loss_mask = (np.array(x) for x in batch)
+    length = seg.shape[1]
+    for b in range(seg.shape[0]):
+        for start in range(0, length, k):
+            ends = [i for i in range(start, min(start + k, length) - 1 + (start + k < length))
+                    if i + 1 < length and seg[b, i] > 0 and seg[b, i + 1] != seg[b, i]]
+            if ends:
+                e = ends[0]
+                for j in range(e + 1, min(start + k, length)):
+                    seg[b, j], pos[b, j], tokens[b, j], loss_mask[b, j] = seg[b, e], pos[b, e] + j - e, EOS, loss_mask[b, e]
+    return tokens, seg, pos, loss_mask
+
+
 def reference_loss(params, batch, masked):
     """Per-token loops: the clean|noisy input, the SPEC mask with segments, CE term by term."""
     tokens, seg, pos, loss_mask = (np.asarray(x) for x in batch)
+    noisy_tokens, noisy_seg, noisy_pos, noisy_loss = reference_layout(batch, K)
     ntp_terms, matp_terms = [], []
     for b in range(2):
-        noisy = np.where(masked[b], MASK, tokens[b])
+        noisy = np.where(masked[b], MASK, noisy_tokens[b])
         inputs = np.concatenate([tokens[b], noisy])[None]
-        positions = np.concatenate([pos[b], pos[b]])[None]
-        segs = np.concatenate([seg[b], seg[b]])
+        positions = np.concatenate([pos[b], noisy_pos[b]])[None]
+        segs = np.concatenate([seg[b], noisy_seg[b]])
         mask = spec_mask(L, K) & (segs[:, None] == segs[None, :])
         logits, _ = Transformer(CFG).apply({"params": params}, inputs, positions, mask=mask[None])
         logp = np.asarray(jax.nn.log_softmax(logits[0]))
         for t in range(1, L):  # NTP: clean position t-1 predicts token t, same document, with loss
             if loss_mask[b, t] and seg[b, t] == seg[b, t - 1] and seg[b, t] > 0:
                 ntp_terms.append(-logp[t - 1, tokens[b, t]])
-        for i in range(L):  # MATP: masked noisy position i predicts token i, full blocks only
-            if masked[b, i] and loss_mask[b, i] and i < (L // K) * K:
-                matp_terms.append(-logp[L + i, tokens[b, i]])
+        for i in range(L):  # MATP: masked noisy position i predicts its target, full blocks only
+            if masked[b, i] and noisy_loss[b, i] and i < (L // K) * K:
+                matp_terms.append(-logp[L + i, noisy_tokens[b, i]])
     return np.mean(ntp_terms), np.mean(matp_terms), len(ntp_terms), len(matp_terms)
 
 
@@ -54,10 +74,14 @@ def test_loss_equals_per_token_reference():
     params = init_params(cfg, seed=3)
     batch = make_batch()
     rng = jax.random.key(7)
-    masked = np.asarray(noise(batch, rng, MASK))
-    assert masked.any() and not masked[1, 10]  # padding is never noised
+    layout = noisy_layout(batch, K, EOS)
+    masked = np.asarray(noise(layout.segment_ids, rng))
+    # Document 1 of row 1 ends inside block 1 (position 5): 6 and 7 join it; document 2 ends at 9, so
+    # the padding at 10 joins document 2.
+    assert layout.segment_ids[1].tolist() == [1] * 8 + [2, 2, 2]
+    assert masked[1, 6:8].any() and masked.any()
     loss, metrics = sbd_loss(params, Transformer(cfg), batch, rng, block_size=K, mask_id=MASK,
-                             w_ntp=0.7, w_matp=1.3)
+                             w_ntp=0.7, w_matp=1.3, end_id=EOS)
     ntp, matp, n_ntp, n_matp = reference_loss(params, batch, masked)
     np.testing.assert_allclose(metrics["ntp_loss"], ntp, rtol=1e-5)
     np.testing.assert_allclose(metrics["matp_loss"], matp, rtol=1e-5)
@@ -92,14 +116,66 @@ def test_ntp_only_loss_equals_sbd_ntp_term():
     np.testing.assert_allclose(plain, metrics["ntp_loss"], rtol=1e-5)
 
 
-def test_noise_rate_follows_eta():
-    tokens = jnp.zeros((4000, 32), jnp.int32)
-    batch = Batch(tokens, jnp.ones_like(tokens), jnp.zeros_like(tokens), jnp.ones(tokens.shape, bool))
-    rates = np.asarray(noise(batch, jax.random.key(0), MASK)).mean(axis=1)
+def test_noise_rate_follows_eta_and_spares_padding():
+    seg = jnp.ones((4000, 32), jnp.int32).at[:, 30:].set(0)
+    noised = np.asarray(noise(seg, jax.random.key(0)))
+    assert not noised[:, 30:].any()
+    rates = noised[:, :30].mean(axis=1)
     assert abs(rates.mean() - 0.5) < 0.02  # η ~ U(0, 1)
     np.testing.assert_allclose(np.histogram(rates, bins=4, range=(0, 1))[0] / 4000, 0.25, atol=0.03)
-    fixed = np.asarray(noise(batch, jax.random.key(1), MASK, eta_range=(0.3, 0.3))).mean()
+    fixed = np.asarray(noise(seg, jax.random.key(1), eta_range=(0.3, 0.3)))[:, :30].mean()
     assert abs(fixed - 0.3) < 0.01
+
+
+def test_document_ends_extend_to_the_end_of_their_block():
+    """Written out by hand: L = 12, k = 4, row = document 1 (0..5), document 2 (6..8), padding (9..11)."""
+    seg = np.array([[1, 1, 1, 1, 1, 1, 2, 2, 2, 0, 0, 0]], np.int32)
+    pos = np.array([[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 0, 0]], np.int32)
+    tokens = np.array([[5, 6, 7, 8, 9, EOS, 10, 11, EOS, 0, 0, 0]], np.int32)
+    loss = np.array([[0, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 0]], bool)
+    layout = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 4, EOS)
+    # Block 1 (4..7) holds document 1's end at 5: 6 and 7 join document 1 (document 2's start is
+    # taken); document 2 ends at 8, the first position of block 2: 9..11 (padding) join it.
+    assert layout.segment_ids.tolist() == [[1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2]]
+    assert layout.positions.tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, 2, 3, 4, 5]]
+    assert layout.tokens.tolist() == [[5, 6, 7, 8, 9, EOS, EOS, EOS, EOS, EOS, EOS, EOS]]
+    assert layout.loss_mask.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]]
+    # A document ending on its block's last position, or a row's last piece, gets nothing more.
+    for k in (3, 6):
+        assert noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), k, EOS).segment_ids[0, 6:9].tolist() == [2, 2, 2]
+    cut = noisy_layout(Batch(*map(jnp.asarray, (tokens, np.ones_like(seg), np.arange(12)[None], loss))), 5, EOS)
+    assert cut.segment_ids.tolist() == [[1] * 12] and cut.tokens.tolist() == tokens.tolist()
+    # Without an end id the layout is the clean half's.
+    plain = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 4, None)
+    assert plain.segment_ids.tolist() == seg.tolist()
+
+
+@pytest.mark.parametrize("revealed", [(), (2,), (0, 3)])
+def test_training_layout_equals_block_decoding_when_the_answer_ends_inside_a_block(revealed):
+    """The noisy logits of a block where the answer ends (EOS at its 1st position) equal the decoding
+    pass over the cached prefix with that block: masks after EOS, some positions already revealed."""
+    params = init_params(CFG, seed=5)
+    rng = np.random.RandomState(2)
+    seq_len, k = 16, 4
+    doc = list(rng.randint(0, 40, 8)) + [EOS]  # document ends at 8, the first position of block 2
+    tokens = np.array([doc + list(rng.randint(0, 40, 7))], np.int32)
+    seg = np.array([[1] * 9 + [2] * 7], np.int32)
+    pos = np.array([list(range(9)) + list(range(7))], np.int32)
+    batch = Batch(*map(jnp.asarray, (tokens, seg, pos, np.ones((1, seq_len), bool))))
+    layout = noisy_layout(batch, k, EOS)
+    masked = np.zeros((1, seq_len), bool)
+    masked[0, 8:12] = [i not in revealed for i in range(k)]
+    inputs, positions, attn = training_inputs(batch, layout, jnp.asarray(masked), MASK, k)
+    train_logits, _ = Transformer(CFG).apply({"params": params}, inputs, positions, mask=attn)
+    # Decoding: doc[:8] is in the cache (the clean prefix before the block), the block is being refined.
+    _, kv = Transformer(CFG).apply({"params": params}, tokens[:, :8], jnp.arange(8)[None])
+    cache = append(init_cache(CFG, 1, 32), kv.k, kv.v, 8)
+    block = np.full((1, k), MASK, np.int32)
+    for i in revealed:  # revealed positions hold what the answer has there: EOS at 0, EOS after it
+        block[0, i] = EOS
+    decoder = SBDDecoder(CFG, max_new_tokens=8, block_size=k)
+    decode_logits = decoder.refine_pass(params, cache, jnp.asarray(block))
+    np.testing.assert_allclose(train_logits[0, seq_len + 8: seq_len + 12], decode_logits[0], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("k, eta, seq_len, message", [

@@ -10,7 +10,7 @@ import pytest
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.model import Transformer
-from sbd_jax.sampler import SBDDecoder, eb_reveal, generate, uncertainty
+from sbd_jax.sampler import NTPDecoder, SBDDecoder, eb_reveal, generate, uncertainty
 from tests.test_decoding import CFG as BASE_CFG
 from sbd_jax.model import init_params
 from tests.test_decoding import PROMPTS
@@ -89,7 +89,7 @@ def reference_sbd(params, prompt, max_new, k, gamma, eos=()):
             mask[len(context):, len(context):] = True  # the SBD inference mask: block all-to-all
             logits, _ = _full_forward()({"params": params}, jnp.asarray([context + block]),
                                         jnp.arange(n)[None], mask=jnp.asarray(mask))
-            block_logits = logits[0, len(context):]
+            block_logits = logits[0, len(context):].at[:, MASK].set(-jnp.inf)  # never a valid output
             masked = jnp.asarray([i in todo for i in range(k)])
             now = np.asarray(eb_reveal(uncertainty(block_logits, "entropy"), masked, gamma))
             nfe += 1
@@ -149,6 +149,28 @@ def test_pass_logits_equal_uncached_forward(params):
         _, causal_kv = Transformer(CFG).apply({"params": params}, seq[:, :prefix + pending_count],
                                               jnp.arange(prefix + pending_count)[None].repeat(2, 0))
         np.testing.assert_allclose(cache_after.k[:, :, :prefix + pending_count], causal_kv.k, atol=1e-5, rtol=0)
+
+
+def test_mask_token_is_never_emitted_and_a_block_takes_at_most_k_passes(params):
+    """A model that prefers the mask token: its output row is a scaled copy of its favourite token's."""
+    ntp, _ = generate(NTPDecoder(CFG, max_new_tokens=12), params, PROMPTS)
+    favourite = int(np.bincount(sum((r.token_ids for r in ntp), [])).argmax())
+    kernel = params["lm_head"]["kernel"]
+    fond = {**params, "lm_head": {"kernel": kernel.at[:, MASK].set(kernel[:, favourite] * 3)}}
+    context = PROMPTS[0] + ntp[0].token_ids
+    raw, _ = _full_forward()({"params": fond}, jnp.asarray([context]), jnp.arange(len(context))[None])
+    assert (np.asarray(raw[0, len(PROMPTS[0]) - 1:]).argmax(-1) == MASK).any()  # it would emit it
+    results, _ = generate(NTPDecoder(CFG, max_new_tokens=12), fond, PROMPTS)
+    assert all(MASK not in r.token_ids and len(r.token_ids) == 12 for r in results)
+    k = 4
+    for gamma in (0.0, 0.5, 1e9):
+        results, _ = generate(SBDDecoder(CFG, max_new_tokens=12, block_size=k, gamma=gamma), fond, PROMPTS)
+        for prompt, result in zip(PROMPTS, results):
+            assert MASK not in result.token_ids and len(result.token_ids) == 12
+            assert (result.token_ids, result.nfe) == reference_sbd(fond, prompt, 12, k, gamma)[:2]
+            for block in range(3):  # passes of one block: at most k, numbered consecutively
+                passes = result.reveal_pass[block * k: (block + 1) * k]
+                assert max(passes) - min(passes) < k
 
 
 def test_batch_equals_rows_alone_and_eos_stops_a_row(params):

@@ -1,0 +1,51 @@
+"""Packing: short documents stay whole, long ones are cut into row-long pieces, nothing is lost."""
+
+import numpy as np
+
+from sbd_jax.data import Document, pack, padding_fraction
+
+
+def docs(lengths):
+    out, next_id = [], 1
+    for n in lengths:
+        out.append(Document(list(range(next_id, next_id + n)), [i % 2 == 0 for i in range(n)]))
+        next_id += n
+    return out
+
+
+def pieces(packed):
+    """(tokens, loss mask, positions) of every run of one segment id, row by row."""
+    found = []
+    for row in range(len(packed.tokens)):
+        seg = packed.segment_ids[row]
+        for s in np.unique(seg[seg > 0]):
+            where = np.flatnonzero(seg == s)
+            assert (np.diff(where) == 1).all()  # a segment is one contiguous run
+            found.append((packed.tokens[row, where].tolist(), packed.loss_mask[row, where].tolist(),
+                          packed.positions[row, where].tolist()))
+    return found
+
+
+def test_documents_that_fit_are_never_split_and_every_token_is_packed_once():
+    rng = np.random.RandomState(0)
+    documents = docs(rng.randint(1, 17, 300).tolist() + [40, 16])  # 40 > 16: cut into 16 + 16 + 8
+    packed = pack(documents, 16)
+    found = pieces(packed)
+    whole = {tuple(d.ids): d for d in documents if len(d.ids) <= 16}
+    for tokens, loss, positions in found:
+        assert positions == list(range(len(tokens)))
+        if tuple(tokens) in whole:
+            assert loss == whole[tuple(tokens)].loss_mask
+    assert set(whole) <= {tuple(t) for t, _, _ in found}
+    long_doc = documents[-2].ids
+    assert sorted(t for t, _, _ in found if t[0] in long_doc) == [long_doc[:16], long_doc[16:32], long_doc[32:]]
+    assert sorted(t for tokens, _, _ in found for t in tokens) == sorted(t for d in documents for t in d.ids)
+    # Best fit wastes little even with documents up to a whole row long (here 4.5%).
+    total = sum(len(d.ids) for d in documents)
+    assert len(packed.tokens) <= 1.1 * -(-total // 16)
+    assert np.isclose(padding_fraction(packed), 1 - total / packed.tokens.size) and padding_fraction(packed) < 0.1
+
+
+def test_a_document_that_does_not_fit_the_rest_of_a_row_opens_another():
+    packed = pack(docs([10, 10, 6]), 16)
+    assert packed.segment_ids.tolist() == [[1] * 10 + [2] * 6, [1] * 10 + [0] * 6]
