@@ -9,6 +9,10 @@ def get_base() -> ml_collections.ConfigDict:
     c.multihost = False  # True: jax.distributed.initialize() (one process per host)
     c.mesh = (1, -1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
     c.export_hf = True  # write workdir/hf (an HF directory with the mask token) at the end
+    # Start from another run's checkpoint (state and data position) when this workdir has none:
+    # its workdir, and the step (0 = its latest). E.g. branch a decay phase off a long WSD run.
+    c.init_from = ""
+    c.init_step = 0
 
     c.model = ml_collections.ConfigDict()
     c.model.name = ""  # a model to fine-tune: known name, HF directory or .gguf file
@@ -41,6 +45,8 @@ def get_base() -> ml_collections.ConfigDict:
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 3e-4
     c.optimizer.warmup_steps = 10
+    c.optimizer.schedule = "cosine"  # cosine (to final_lr_ratio at train.steps) | wsd (warmup-stable-decay)
+    c.optimizer.decay_steps = 0  # wsd: linear decay to final_lr_ratio over the last decay_steps steps
     c.optimizer.final_lr_ratio = 0.1
     c.optimizer.b1 = 0.9
     c.optimizer.b2 = 0.95

@@ -167,6 +167,8 @@ def make_dataset(packed: Packed, global_batch: int, seed: int, num_steps: int) -
                         f"{global_batch}; add data or lower batch_size / seq_len")
     epochs = -(-num_steps * global_batch // rows) + 1
     examples = grain.MapDataset.range(rows)[jax.process_index()::jax.process_count()]
-    dataset = examples.repeat(epochs).shuffle(seed=seed)
+    # A new order every epoch, and the first epochs' order does not depend on how many follow: runs of
+    # different lengths (a branch off a longer run) see the same batches at the same steps.
+    dataset = examples.shuffle(seed=seed).repeat(epochs)
     return dataset.map(lambda i: {name: getattr(packed, name)[i] for name in Packed._fields}).batch(
         host_batch, drop_remainder=True)

@@ -42,9 +42,18 @@ class TrainState(struct.PyTreeNode):
 
 
 def make_optimizer(opt: ml_collections.ConfigDict, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
-    """AdamW with linear warmup + cosine decay and global-norm clipping; no decay on norms and biases."""
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, opt.lr, max(opt.warmup_steps, 1), max(total_steps, opt.warmup_steps + 1), opt.lr * opt.final_lr_ratio)
+    """AdamW with global-norm clipping and no decay on norms and biases; linear warmup, then cosine
+    decay to `final_lr_ratio` at `total_steps`, or (wsd) constant until the last `decay_steps` steps,
+    which decay linearly. A WSD run's state before its decay equals a longer WSD run's at that step."""
+    warmup = max(opt.warmup_steps, 1)
+    final = opt.lr * opt.final_lr_ratio
+    if opt.schedule == "wsd":
+        stable_end = max(total_steps - opt.decay_steps, warmup)
+        schedule = optax.join_schedules([
+            optax.linear_schedule(0.0, opt.lr, warmup), optax.constant_schedule(opt.lr),
+            optax.linear_schedule(opt.lr, final, max(total_steps - stable_end, 1))], [warmup, stable_end])
+    else:
+        schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, warmup, max(total_steps, warmup + 1), final)
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
     tx = optax.chain(
         optax.clip_by_global_norm(opt.clip_norm),
@@ -127,6 +136,12 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         check_objective(k, (cfg.objective.eta_min, cfg.objective.eta_max), cfg.data.seq_len)
     if cfg.train.steps < 1 or cfg.train.batch_size < 1 or cfg.train.grad_accum < 1:
         raise UserError("train.steps, train.batch_size and train.grad_accum must be >= 1")
+    if cfg.optimizer.schedule not in ("cosine", "wsd"):
+        raise UserError(f"optimizer.schedule={cfg.optimizer.schedule!r}: use 'cosine' or 'wsd'")
+    if not 0 <= cfg.optimizer.decay_steps <= cfg.train.steps:
+        raise UserError(f"optimizer.decay_steps={cfg.optimizer.decay_steps} must be in [0, train.steps]")
+    if cfg.init_from and not os.path.isdir(os.path.join(cfg.init_from, "checkpoints")):
+        raise UserError(f"init_from={cfg.init_from!r} holds no checkpoints/ directory: give another run's workdir")
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise UserError(f"train.batch_size={cfg.train.batch_size} is not divisible by train.grad_accum="
                         f"{cfg.train.grad_accum}")
@@ -206,32 +221,44 @@ class Trainer:
                        for name in data_lib.Packed._fields])
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint_manager(self):
+    def checkpoint_manager(self, workdir: str | None = None):
+        """Orbax manager of `workdir/checkpoints` (this run's by default)."""
         import orbax.checkpoint as ocp
 
         ck = self.cfg.checkpoint
         options = ocp.CheckpointManagerOptions(save_interval_steps=ck.every, max_to_keep=ck.keep,
                                                enable_async_checkpointing=ck.async_save)
-        return ocp.CheckpointManager(os.path.abspath(os.path.join(self.workdir, "checkpoints")), options=options)
+        path = os.path.abspath(os.path.join(workdir or self.workdir, "checkpoints"))
+        return ocp.CheckpointManager(path, options=options)
 
     def restore(self, manager) -> int:
-        """Restores the latest checkpoint, if any; returns the number of completed steps."""
+        """Restores the latest checkpoint, if any, else `init_from`'s; returns the number of completed steps."""
+        latest = manager.latest_step()
+        if latest is not None:
+            return self._restore_from(manager, latest, self.workdir)
+        if not self.cfg.init_from:
+            return 0
+        source = self.checkpoint_manager(self.cfg.init_from)
+        step = self.cfg.init_step or source.latest_step()
+        if step not in source.all_steps():
+            raise UserError(f"init_from={self.cfg.init_from!r} has no checkpoint of step {step} "
+                            f"(it has {sorted(source.all_steps())})")
+        return self._restore_from(source, step, self.cfg.init_from)
+
+    def _restore_from(self, manager, step: int, where: str) -> int:
         import orbax.checkpoint as ocp
 
-        latest = manager.latest_step()
-        if latest is None:
-            return 0
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state)
         try:
-            restored = manager.restore(latest, args=ocp.args.Composite(
+            restored = manager.restore(step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
         except Exception as e:  # orbax raises many types for a foreign or damaged checkpoint
-            raise UserError(f"cannot restore the checkpoint of step {latest} in {self.workdir} "
+            raise UserError(f"cannot restore the checkpoint of step {step} in {where} "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it does not match this "
                             "config or is damaged: use another --workdir or delete it") from None
         self.state = restored["state"]
         self.iterator.set_state(restored["data"])
-        return latest
+        return step
 
     # ------------------------------------------------------------------ loop
     def run(self) -> list[dict[str, float]]:

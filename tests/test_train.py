@@ -57,6 +57,24 @@ def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
     assert 1 <= result.nfe <= 8 and len(result.token_ids) == 8
 
 
+@requires_smollm2
+def test_a_wsd_decay_branch_continues_the_long_run_it_starts_from(tmp_path):
+    wsd = dict(checkpoint__every=3, optimizer__schedule="wsd", optimizer__warmup_steps=2)
+    long = quick_config(train__steps=6, **wsd)
+    long.export_hf = False
+    long_rows = Trainer(long, str(tmp_path / "long")).run()
+    assert len({r["lr"] for r in long_rows[2:]}) == 1  # stable after warmup: no decay
+    branch = quick_config(train__steps=5, optimizer__decay_steps=2, **wsd)
+    branch.export_hf, branch.init_from, branch.init_step = False, str(tmp_path / "long"), 3
+    rows = Trainer(branch, str(tmp_path / "branch")).run()
+    assert [r["step"] for r in rows] == [4, 5]
+    assert losses(tmp_path / "branch")[0] == losses(tmp_path / "long")[3]  # same state, batch and lr
+    assert rows[1]["lr"] < rows[0]["lr"] == pytest.approx(long_rows[3]["lr"], rel=1e-6)
+    branch.init_step = 4
+    with pytest.raises(UserError, match="has no checkpoint of step 4"):
+        Trainer(branch, str(tmp_path / "other")).run()
+
+
 def run_train(workdir, steps, every):
     return [sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(workdir), *QUICK,
             f"--config.train.steps={steps}", f"--config.checkpoint.every={every}", "--config.export_hf=False"]
