@@ -2,6 +2,7 @@
 
     python sample.py --model smollm2-135m --prompt "What is 2+2?" --chat --mode ntp --max-new-tokens 64 [--json]
     python sample.py --model DIR --prompt "..." --mode sbd --gamma 0.35 --block-size 16 [--show-passes]
+    python sample.py --model DIR --prompt "..." --mode sbd --verify --gamma 1   # output identical to greedy NTP
     python sample.py --model DIR --prompts-file prompts.jsonl --mode sbd   # {"prompt": "..."} per line
 
 `--model` takes a known name (smollm2-135m), a Hugging Face model directory or a .gguf file.
@@ -18,6 +19,7 @@ from sbd_jax.cli import run_cli
 from sbd_jax.errors import UserError
 
 _COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
+_CORRECTED = "7"  # reverse video: a verified run's correction of a rejected draft
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -31,7 +33,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=float, default=0.35, help="SBD: entropy budget per pass (0 = one token)")
     p.add_argument("--block-size", type=int, default=16, help="SBD: tokens per block")
-    p.add_argument("--proxy", default="entropy", help="SBD: uncertainty score: entropy, confidence or margin")
+    p.add_argument("--proxy", default="entropy", help="SBD: uncertainty score: entropy, confidence or margin (left_to_right: a diagnostic order)")
+    p.add_argument("--verify", action="store_true",
+                   help="SBD: verify every drafted block with the causal pass that commits it, so the output "
+                   "is exactly greedy NTP's (temperature 0 only); gamma then only sets the speed")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -59,9 +64,9 @@ def read_prompts_file(path: str) -> list[str]:
     return prompts
 
 
-def coloured(tokenizer, token_ids: list[int], passes: list[int]) -> str:
-    return "".join(f"\033[{_COLOURS[p % len(_COLOURS)]}m{tokenizer.decode([t])}\033[0m"
-                   for t, p in zip(token_ids, passes))
+def coloured(tokenizer, token_ids: list[int], passes: list[int], corrected: list[bool]) -> str:
+    return "".join(f"\033[{_CORRECTED if fixed else _COLOURS[p % len(_COLOURS)]}m{tokenizer.decode([t])}\033[0m"
+                   for t, p, fixed in zip(token_ids, passes, corrected))
 
 
 def main(argv: list[str]) -> None:
@@ -69,15 +74,18 @@ def main(argv: list[str]) -> None:
     texts = args.prompt + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
     if not texts:
         raise UserError("give at least one --prompt or a --prompts-file")
-    from sbd_jax.sampler import check_decoding_options, check_sbd_options
+    from sbd_jax.decoders import check_decoding_options, check_sbd_options
 
     check_decoding_options(args.max_new_tokens, args.temperature, args.top_p)  # before the slow model load
+    if args.verify and args.mode != "sbd":
+        raise UserError("--verify checks SBD's drafts: use it with --mode sbd")
     if args.mode == "sbd":
-        check_sbd_options(args.block_size, args.gamma, args.proxy)
+        check_sbd_options(args.block_size, args.gamma, args.proxy, args.verify, args.temperature)
     import jax
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.sampler import NTPDecoder, SBDDecoder, generate
+    from sbd_jax.decoders import NTPDecoder, SBDDecoder
+    from sbd_jax.sampler import generate
     from sbd_jax.tokenizer import encode_prompt
 
     model = load_model(args.model, dtype=args.dtype)
@@ -87,12 +95,12 @@ def main(argv: list[str]) -> None:
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                   eos_ids=config.eos_token_ids)
     if args.mode == "sbd":
-        decoder = SBDDecoder(config, block_size=args.block_size, gamma=args.gamma, proxy=args.proxy, **common)
+        decoder = SBDDecoder(config, block_size=args.block_size, proxy=args.proxy, verify=args.verify, **common)
     else:
         decoder = NTPDecoder(config, **common)
     prompts = [encode_prompt(model.tokenizer, text, args.chat) for text in texts]
     results, timing = generate(decoder, jax.device_put(model.params), prompts, seed=args.seed,
-                               max_cache_len=args.max_cache_len)
+                               max_cache_len=args.max_cache_len, gamma=args.gamma)
     for text, result in zip(texts, results):
         generated = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         n = len(result.token_ids)
@@ -102,15 +110,18 @@ def main(argv: list[str]) -> None:
                 "nfe": result.nfe, "tokens_per_pass": n / max(result.nfe, 1), "seconds": timing.seconds,
                 "prefill_seconds": timing.prefill_seconds, "decode_seconds": timing.decode_seconds,
                 "compile_seconds": timing.compile_seconds, "batch": len(prompts), "mode": args.mode,
-                **({"gamma": args.gamma, "block_size": args.block_size, "reveal_pass": result.reveal_pass}
-                   if args.mode == "sbd" else {}),
+                **({"gamma": args.gamma, "block_size": args.block_size, "reveal_pass": result.reveal_pass,
+                    "verify": args.verify} if args.mode == "sbd" else {}),
+                **({"accepted_fraction": result.accepted_fraction, "drafted": result.drafted,
+                    "accepted": result.accepted, "corrected": result.corrected} if args.verify else {}),
             }))
         elif args.show_passes:
-            print(coloured(model.tokenizer, result.token_ids, result.reveal_pass))
+            print(coloured(model.tokenizer, result.token_ids, result.reveal_pass, result.corrected))
         else:
             print(generated)
         if not args.json and len(texts) == 1:
-            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({n / max(result.nfe, 1):.2f} tokens/pass); "
+            accepted = f", {result.accepted_fraction:.0%} of drafts accepted" if args.verify else ""
+            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({n / max(result.nfe, 1):.2f} tokens/pass{accepted}); "
                   f"prefill {timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "
                   f"compile {timing.compile_seconds:.1f}s]")
     if not args.json and len(texts) > 1:

@@ -33,7 +33,8 @@ PROMPTS = [
 def time_ours(model, prompts, new_tokens, repeats):
     import jax
 
-    from sbd_jax.sampler import NTPDecoder, generate
+    from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.sampler import generate
 
     decoder = NTPDecoder(model.config, max_new_tokens=new_tokens)  # no EOS: always new_tokens tokens
     params = jax.device_put(model.params)

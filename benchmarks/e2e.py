@@ -25,10 +25,10 @@ from decode import PROMPTS  # noqa: E402
 from forward_cost import hardware_for, model_config  # noqa: E402
 
 
-def best_run(decoder, params, prompts, repeats):
+def best_run(decoder, params, prompts, repeats, gamma=0.35):
     from sbd_jax.sampler import generate
 
-    runs = [generate(decoder, params, prompts) for _ in range(repeats)]
+    runs = [generate(decoder, params, prompts, gamma=gamma) for _ in range(repeats)]
     return min(runs, key=lambda r: r[1].seconds)
 
 
@@ -53,7 +53,7 @@ def main() -> None:
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.model import init_params
     from sbd_jax.roofline import MODELS, ModelShape, speedup
-    from sbd_jax.sampler import NTPDecoder, SBDDecoder
+    from sbd_jax.decoders import NTPDecoder, SBDDecoder
     from sbd_jax.tokenizer import encode_prompt
 
     if args.random:
@@ -81,8 +81,8 @@ def main() -> None:
         ntp_tokens = sum(len(r.token_ids) for r in ntp_results)
         ntp_rate = ntp_tokens / ntp_time.seconds
         for gamma in args.gammas:
-            decoder = SBDDecoder(config, block_size=args.block_size, gamma=gamma, **common)
-            results, timing = best_run(decoder, params, prompts, args.repeats)
+            decoder = SBDDecoder(config, block_size=args.block_size, **common)
+            results, timing = best_run(decoder, params, prompts, args.repeats, gamma)
             tokens = sum(len(r.token_ids) for r in results)
             nfe = sum(r.nfe for r in results)
             passes_per_block = args.block_size * nfe / max(tokens, 1)

@@ -38,7 +38,8 @@ def main() -> None:
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.kv_cache import append, init_cache
     from sbd_jax.model import Transformer
-    from sbd_jax.sampler import SBDDecoder, choose_tokens, eb_reveal, uncertainty
+    from sbd_jax.decoders import SBDDecoder
+    from sbd_jax.token_choice import choose_tokens, eb_reveal, uncertainty
 
     model = load_model(args.model, with_tokenizer=False, dtype=args.dtype)
     config = model.config.replace(mask_token_id=model.config.mask_token_id or 0)
@@ -70,7 +71,7 @@ def main() -> None:
             decoder = SBDDecoder(config, max_new_tokens=k, block_size=k)
             block = jnp.zeros((batch, k), jnp.int32)
             refine = jax.jit(decoder.refine_pass)
-            first = jax.jit(lambda *a, d=decoder: d.first_pass(*a)[0])
+            first = jax.jit(lambda *a, d=decoder: d.first_pass(*a)[1])
             t_refine = median_seconds(refine, params, cache, block, repeats=args.repeats)
             t_first = median_seconds(first, params, cache, block, jnp.full((batch,), k, jnp.int32), block,
                                      repeats=args.repeats)

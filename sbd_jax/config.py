@@ -174,7 +174,8 @@ class ModelConfig:
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": rope,
+            "rope_parameters": rope,  # transformers 5
+            "rope_scaling": rope if self.rope_scaling is not None else None,  # transformers 4
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,

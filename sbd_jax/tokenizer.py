@@ -35,7 +35,12 @@ def _gguf_tokenizer(path: str) -> Any:
     """
     import gguf
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+
+    try:  # transformers >= 5.18
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (GGUF_TOKENIZER_MAPPING,
+                                                                            convert_gguf_tokenizer)
+    except ImportError:  # transformers 4.56 - 5.17 (the oldest pyproject.toml admits; tests/test_dependency_floor.py)
+        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
 
     fields = gguf.GGUFReader(path).fields
 

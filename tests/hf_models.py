@@ -20,11 +20,15 @@ def tiny_hf_config(model_type: str, num_kv_heads: int = 2, tied: bool = False, l
         bos_token_id=1, eos_token_id=2,
     )
     if llama3_rope:
-        kwargs["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0,
-                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                     "original_max_position_embeddings": 32}
+        rope = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     else:
-        kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+        rope = {"rope_type": "default", "rope_theta": 10000.0}
+    if int(transformers.__version__.split(".")[0]) >= 5:
+        kwargs["rope_parameters"] = rope
+    else:  # transformers 4: theta apart, scaling only when there is some (tests/test_dependency_floor.py)
+        kwargs["rope_theta"] = rope.pop("rope_theta")
+        kwargs["rope_scaling"] = rope if llama3_rope else None
     return ARCHS[model_type](**kwargs)
 
 

@@ -10,7 +10,9 @@ from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.model import Transformer, init_params
-from sbd_jax.sampler import NTPDecoder, choose_tokens, generate
+from sbd_jax.decoders import NTPDecoder
+from sbd_jax.sampler import generate
+from sbd_jax.token_choice import choose_tokens
 
 CFG = ModelConfig(model_type="qwen2", vocab_size=101, hidden_size=64, intermediate_size=128, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True, max_position_embeddings=512)

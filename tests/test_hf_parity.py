@@ -78,7 +78,7 @@ def test_bf16_weights_export_and_reload(tiny_hf_dir, tmp_path):
     params = hf.load_params(path, cfg)
     assert params["embed_tokens"]["embedding"].dtype == jnp.bfloat16
     hf.save_hf(str(tmp_path / "bf16"), cfg, params)
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype="auto")
     assert reloaded.model.embed_tokens.weight.dtype == torch.bfloat16
     again = hf.load_params(str(tmp_path / "bf16"), cfg)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(again)):

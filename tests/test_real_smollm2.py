@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from sbd_jax.checkpoints.load import load_model
-from sbd_jax.sampler import NTPDecoder, generate
+from sbd_jax.decoders import NTPDecoder
+from sbd_jax.sampler import generate
 from sbd_jax.tokenizer import encode_prompt
 from tests.conftest import requires_smollm2
 

@@ -10,7 +10,9 @@ import pytest
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.model import Transformer
-from sbd_jax.sampler import NTPDecoder, SBDDecoder, eb_reveal, generate, uncertainty
+from sbd_jax.decoders import NTPDecoder, SBDDecoder
+from sbd_jax.sampler import generate
+from sbd_jax.token_choice import eb_reveal, uncertainty
 from tests.test_decoding import CFG as BASE_CFG
 from sbd_jax.model import init_params
 from tests.test_decoding import PROMPTS
@@ -64,6 +66,9 @@ def test_uncertainty_proxies():
     np.testing.assert_allclose(uncertainty(logits, "confidence"), [0.3, 2 / 3], rtol=1e-6)
     np.testing.assert_allclose(uncertainty(logits, "margin"), [0.5, 1.0], rtol=1e-6)
     assert float(uncertainty(jnp.asarray([[0.0, -jnp.inf]]), "entropy")[0]) == 0.0  # top-p truncated
+    left_to_right = uncertainty(jnp.zeros((2, 4, 5)), "left_to_right")
+    masked = jnp.asarray([[True] * 4, [False, True, True, True]])
+    assert eb_reveal(left_to_right, masked, 0.0).tolist() == [[True, False, False, False], [False, True, False, False]]
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,8 +113,8 @@ def reference_sbd(params, prompt, max_new, k, gamma, eos=()):
 @pytest.mark.parametrize("gamma", [0.0, 0.5, 3.0])
 @pytest.mark.parametrize("k, max_new", [(4, 12), (3, 10)])
 def test_block_decoding_equals_uncached_reference(params, gamma, k, max_new):
-    decoder = SBDDecoder(CFG, max_new_tokens=max_new, block_size=k, gamma=gamma)
-    results, _ = generate(decoder, params, PROMPTS)
+    decoder = SBDDecoder(CFG, max_new_tokens=max_new, block_size=k)
+    results, _ = generate(decoder, params, PROMPTS, gamma=gamma)
     if gamma == 3.0:
         assert min(r.nfe for r in results) < max_new  # the model is uncertain enough for γ to matter
     for prompt, result in zip(PROMPTS, results):
@@ -133,8 +138,9 @@ def test_pass_logits_equal_uncached_forward(params):
         pending[:, :pending_count] = seq[:, prefix:prefix + pending_count]
         block = np.full((2, k), MASK, np.int32)
         block[:, 1] = seq[:, 0]  # a partly revealed block
-        logits, cache_after = decoder.first_pass(params, cache, jnp.asarray(pending),
-                                                 jnp.full((2,), pending_count, jnp.int32), jnp.asarray(block))
+        pending_logits, logits, kv = decoder.first_pass(params, cache, jnp.asarray(pending),
+                                                        jnp.full((2,), pending_count, jnp.int32), jnp.asarray(block))
+        cache_after = append(cache, kv.k, kv.v, pending_count)
         context = np.concatenate([seq[:, :prefix + pending_count], block], axis=1)
         n = context.shape[1]
         mask = np.tril(np.ones((n, n), bool))
@@ -142,6 +148,9 @@ def test_pass_logits_equal_uncached_forward(params):
         full, _ = Transformer(CFG).apply({"params": params}, context, jnp.arange(n)[None].repeat(2, 0),
                                          mask=jnp.asarray(mask))
         np.testing.assert_allclose(logits, full[:, -k:], atol=1e-5, rtol=0)
+        # The pending tokens' logits are causal: NTP's predictions of the token after each.
+        np.testing.assert_allclose(pending_logits[:, :pending_count], full[:, prefix: prefix + pending_count],
+                                   atol=1e-5, rtol=0)
         assert cache_after.lengths.tolist() == [prefix + pending_count] * 2
         refined = decoder.refine_pass(params, cache_after, jnp.asarray(block))
         np.testing.assert_allclose(refined, full[:, -k:], atol=1e-5, rtol=0)
@@ -164,7 +173,7 @@ def test_mask_token_is_never_emitted_and_a_block_takes_at_most_k_passes(params):
     assert all(MASK not in r.token_ids and len(r.token_ids) == 12 for r in results)
     k = 4
     for gamma in (0.0, 0.5, 1e9):
-        results, _ = generate(SBDDecoder(CFG, max_new_tokens=12, block_size=k, gamma=gamma), fond, PROMPTS)
+        results, _ = generate(SBDDecoder(CFG, max_new_tokens=12, block_size=k), fond, PROMPTS, gamma=gamma)
         for prompt, result in zip(PROMPTS, results):
             assert MASK not in result.token_ids and len(result.token_ids) == 12
             assert (result.token_ids, result.nfe) == reference_sbd(fond, prompt, 12, k, gamma)[:2]
@@ -174,26 +183,31 @@ def test_mask_token_is_never_emitted_and_a_block_takes_at_most_k_passes(params):
 
 
 def test_batch_equals_rows_alone_and_eos_stops_a_row(params):
-    decoder = SBDDecoder(CFG, max_new_tokens=12, block_size=4, gamma=0.5)
-    batch, _ = generate(decoder, params, PROMPTS)
+    decoder = SBDDecoder(CFG, max_new_tokens=12, block_size=4)
+    batch, _ = generate(decoder, params, PROMPTS, gamma=0.5)
     for prompt, result in zip(PROMPTS, batch):
-        (alone,), _ = generate(decoder, params, [prompt])
+        (alone,), _ = generate(decoder, params, [prompt], gamma=0.5)
         assert result == alone
     # An EOS id that first appears inside a later block of some row.
     row, at = next((r, i) for r, res in enumerate(batch) for i in range(4, 12)
                    if res.token_ids[i] not in res.token_ids[:i])
     eos = batch[row].token_ids[at]
-    stopped, _ = generate(SBDDecoder(CFG, max_new_tokens=12, block_size=4, gamma=0.5, eos_ids=(eos,)),
-                          params, PROMPTS)
+    stopped, _ = generate(SBDDecoder(CFG, max_new_tokens=12, block_size=4, eos_ids=(eos,)),
+                          params, PROMPTS, gamma=0.5)
     ref_tokens, ref_nfe, _ = reference_sbd(params, PROMPTS[row], 12, 4, 0.5, eos=(eos,))
     assert stopped[row].token_ids == ref_tokens and stopped[row].nfe == ref_nfe
     assert stopped[row].token_ids[-1] == eos and len(stopped[row].token_ids) <= at + 1
 
 
+def test_negative_gamma(params):
+    with pytest.raises(UserError, match="gamma=-0.1 must be >= 0"):
+        generate(SBDDecoder(CFG, max_new_tokens=8), params, PROMPTS, gamma=-0.1)
+
+
 @pytest.mark.parametrize("kwargs, message", [
-    ({"gamma": -0.1}, "gamma=-0.1 must be >= 0"),
     ({"block_size": 0}, "block_size=0 must be >= 1"),
-    ({"proxy": "vibes"}, "unknown proxy 'vibes': use one of entropy, confidence, margin"),
+    ({"verify": True, "temperature": 0.7}, "verify needs greedy decoding"),
+    ({"proxy": "vibes"}, "unknown proxy 'vibes': use one of entropy, confidence, margin, left_to_right"),
     ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
 ])
 def test_bad_settings(kwargs, message):

@@ -52,27 +52,37 @@ def test_char_tokenizer_round_trips_code_and_renders_chats(tmp_path):
 
 
 def test_smoke_run_writes_every_result(tmp_path):
-    """The whole pipeline (data, three trainings, evaluation grid, report, plots) at toy sizes."""
+    """The whole pipeline (data, trainings, evaluation grid, speed, report, plots) at toy sizes."""
     env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="")
     subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "small_scale", "run.py"), "--smoke",
-                    "--workdir", str(tmp_path)], check=True, env=env, cwd=ROOT, timeout=600)
+                    "--workdir", str(tmp_path)], check=True, env=env, cwd=ROOT, timeout=900)
     with open(tmp_path / "results.json") as f:
         results = json.load(f)
-    entries = results["entries"]
-    sbd_settings = len(results["sizes"]["block_sizes"]) * len(results["sizes"]["gammas"])
-    assert len(entries) == 4 + 3 * sbd_settings  # NTP decoding of each model; the SBD grid of the three SBD models
+    sizes = results["sizes"]
+    entries = [e for e in results["entries"] if e["split"] != "speed"]
+    grid = len(sizes["block_sizes"]) * len(sizes["gammas"])
+    # NTP decoding of the five models; the diagnostic of the four SBD ones; the grid for the two
+    # fine-tunes, the largest block only for the two from-scratch rows; each on validation and test.
+    assert len(entries) == 2 * (5 + 4 + 2 * grid + 2 * len(sizes["gammas"]))
+    for e in results["entries"]:
+        assert {"model", "mode", "block_size", "gamma", "split", "n", "accuracy", "accuracy_final_number",
+                "ci95", "tokens_per_pass", "tokens_per_second", "batch"} <= e.keys() or e["split"] == "speed"
     for e in entries:
-        assert {"model", "mode", "gamma", "block_size", "accuracy", "tokens_per_pass"} <= e.keys()
-        assert 0.0 <= e["accuracy"] <= 1.0
+        assert 0.0 <= e["ci95"][0] <= e["accuracy"] <= e["ci95"][1] <= 1.0
+        assert e["accuracy"] <= e["accuracy_final_number"] + 1e-9  # a whole right answer has the right result
+        assert e["n"] == (sizes["test_problems"] if e["split"] == "test" else sizes["valid_problems"])
         if e["mode"] == "ntp":
-            assert e["tokens_per_pass"] == 1.0 and e["code_agreement_with_ntp"] == 1.0
+            assert e["tokens_per_pass"] == 1.0
         else:
             # Below 1 is possible: tokens revealed after an EOS that is revealed later are dropped.
             assert 0.0 < e["tokens_per_pass"] <= e["block_size"]
-    assert set(results["heldout_ntp_loss"]) == {"ntp", "sbd", "sbd_no_ntp", "sbd_from_ntp"}
+    speed = [e for e in results["entries"] if e["split"] == "speed"]
+    assert {e["batch"] for e in speed} == {1, 8} and all(e["tokens_per_second"] > 0 for e in speed)
+    assert set(results["heldout_ntp_loss"]) == {"ntp", "ft_10", "ft_20", "sbd", "sbd_no_ntp"}
     steps = {name: len(curve) for name, curve in results["loss_curves"].items()}
-    assert steps == {"ntp": 6, "sbd": 6, "sbd_no_ntp": 6, "sbd_from_ntp": 3}
+    assert steps == {"ntp": 6, "ft_10": 10, "ft_20": 20, "sbd": 4, "sbd_no_ntp": 4}
+    assert 0.0 <= results["padding_fraction"]["arithmetic"] < 0.5
     report = (tmp_path / "results.md").read_text()
-    assert "## Claims" in report and results["command"] in report
-    for plot in ("accuracy_vs_passes.png", "loss_curves.png"):
+    assert "## Headline" in report and results["command"] in report
+    for plot in ("accuracy_vs_passes.png", "loss_curves.png", "gamma0_diagnostic.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -47,13 +47,14 @@ def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.sampler import SBDDecoder, generate
+    from sbd_jax.decoders import SBDDecoder
+    from sbd_jax.sampler import generate
 
     model = load_model(str(tmp_path / "hf"))
     assert model.config.mask_token_id == model.config.vocab_size - 1  # a new embedding row
     assert model.tokenizer.convert_ids_to_tokens(model.config.mask_token_id) == "<|sbd_mask|>"
-    (result,), _ = generate(SBDDecoder(model.config, max_new_tokens=8, block_size=4, gamma=0.5),
-                            jax.device_put(model.params), [model.tokenizer("def f(x):")["input_ids"]])
+    (result,), _ = generate(SBDDecoder(model.config, max_new_tokens=8, block_size=4),
+                            jax.device_put(model.params), [model.tokenizer("def f(x):")["input_ids"]], gamma=0.5)
     assert 1 <= result.nfe <= 8 and len(result.token_ids) == 8
 
 

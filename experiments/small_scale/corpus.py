@@ -22,7 +22,8 @@ HELDOUT_EVERY = 10
 class Corpus(NamedTuple):
     train_files: tuple[str, ...]  # JSONL for the trainer
     heldout_files: tuple[str, ...]  # JSONL for held-out losses
-    test_problems: list[Problem]
+    valid_problems: list[Problem]  # for choosing decoding settings
+    test_problems: list[Problem]  # for reporting them
     heldout_code: list[str]  # the held-out modules' text
 
 
@@ -62,16 +63,19 @@ def _chats(items: list[Problem]) -> list[dict]:
             for p in items]
 
 
-def build_corpus(out: str, *, train_problems: int, test_problems: int, max_digits: int, code_chars: int,
-                 heldout_code_chars: int, seed: int) -> Corpus:
-    """Writes the JSONL files under `out`; sizes are counts of problems and characters of code."""
+def build_corpus(out: str, *, train_problems: int, valid_problems: int, test_problems: int, max_digits: int,
+                 code_chars: int, heldout_code_chars: int, seed: int) -> Corpus:
+    """Writes the JSONL files under `out`; sizes are counts of problems and characters of code.
+    Training, validation and test problems are disjoint."""
     os.makedirs(out, exist_ok=True)
     train = problems(train_problems, max_digits, seed)
-    test = problems(test_problems, max_digits, seed + 1, exclude=frozenset(p.question for p in train))
+    seen = frozenset(p.question for p in train)
+    test = problems(test_problems, max_digits, seed + 1, exclude=seen)
+    valid = problems(valid_problems, max_digits, seed + 2, exclude=seen | {p.question for p in test})
     train_modules, heldout_modules = stdlib_modules()
     code, heldout_code = _first_chars(train_modules, code_chars), _first_chars(heldout_modules, heldout_code_chars)
     train_files = (_write_jsonl(os.path.join(out, "arithmetic_train.jsonl"), _chats(train)),
                    _write_jsonl(os.path.join(out, "code_train.jsonl"), [{"text": t} for t in code]))
     heldout_files = (_write_jsonl(os.path.join(out, "arithmetic_heldout.jsonl"), _chats(test)),
                      _write_jsonl(os.path.join(out, "code_heldout.jsonl"), [{"text": t} for t in heldout_code]))
-    return Corpus(train_files, heldout_files, test, heldout_code)
+    return Corpus(train_files, heldout_files, valid, test, heldout_code)

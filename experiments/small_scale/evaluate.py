@@ -1,5 +1,9 @@
-"""Evaluation of one trained model: held-out NTP loss, arithmetic exact match and code continuation,
-for NTP decoding and for SBD decoding over a (block size, γ) grid. Every decode is greedy."""
+"""Evaluation of one trained model: held-out NTP loss, and arithmetic whole-answer exact match for NTP
+decoding and for SBD decoding over a (block size, γ) grid, wall-clock tokens/s. Every decode is greedy.
+
+    python experiments/small_scale/evaluate.py --model experiments/small_scale/models/sbd_arith
+        [--block-size 16 --gamma 0.1 ...] [--problems 2000]   # re-evaluate a saved model, no training
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from sbd_jax.config import ModelConfig
 from sbd_jax.data import load_packed
 from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss
-from sbd_jax.sampler import Decoder, NTPDecoder, SBDDecoder, generate, tokens_per_pass
+from sbd_jax.decoders import NTPDecoder, SBDDecoder
+from sbd_jax.sampler import BatchTiming, Generation, generate, tokens_per_pass
 
 
 class Trained(NamedTuple):
@@ -24,12 +29,6 @@ class Trained(NamedTuple):
     config: ModelConfig
     params: Any
     tokenizer: Any
-
-
-@functools.lru_cache(maxsize=None)
-def _forward(config: ModelConfig) -> Any:
-    """One jitted forward per architecture, so repeated scoring calls reuse its compilations."""
-    return jax.jit(Transformer(config).apply)
 
 
 def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64) -> float:
@@ -51,71 +50,143 @@ def _ntp_loss(config: ModelConfig) -> Any:
     return jax.jit(functools.partial(ntp_loss, model=Transformer(config)))
 
 
-def decoders(model: Trained, max_new_tokens: int, block_sizes: Sequence[int],
-             gammas: Sequence[float]) -> list[tuple[dict, Decoder]]:
-    """(setting, decoder) pairs: NTP decoding, and SBD over the grid if the model has a mask token."""
-    common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
-    out: list[tuple[dict, Decoder]] = [(dict(mode="ntp", gamma=None, block_size=1), NTPDecoder(model.config, **common))]
+def settings(model: Trained, block_sizes: Sequence[int], gammas: Sequence[float],
+             diagnostic_block: int) -> list[dict]:
+    """Decoding settings: NTP; for a model with a mask token, the left-to-right γ = 0 diagnostic at
+    `diagnostic_block` and the Entropy-Bounded grid."""
+    out = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
     if model.config.mask_token_id is not None:
-        out += [(dict(mode="sbd", gamma=g, block_size=k), SBDDecoder(model.config, block_size=k, gamma=g, **common))
-                for k in block_sizes for g in gammas]
+        out.append(dict(mode="sbd_left_to_right", block_size=diagnostic_block, gamma=0.0, proxy="left_to_right"))
+        out += [dict(mode="sbd", block_size=k, gamma=g, proxy="entropy") for k in block_sizes for g in gammas]
     return out
 
 
-def _chat_prompt(tokenizer: Any, question: str) -> list[int]:
+def decode(model: Trained, setting: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+           pad_to: int = 0) -> tuple[list[Generation], BatchTiming]:
+    """Greedy decoding of token-id prompts in one batch with a setting of `settings`."""
+    common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
+    if setting["mode"] == "ntp":
+        return generate(NTPDecoder(model.config, **common), model.params, prompts, pad_to=pad_to)
+    decoder = SBDDecoder(model.config, block_size=setting["block_size"], proxy=setting["proxy"],
+                         verify=setting.get("verify", False), **common)
+    return generate(decoder, model.params, prompts, pad_to=pad_to, gamma=setting["gamma"])
+
+
+def chat_prompt(tokenizer: Any, question: str) -> list[int]:
     return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                          tokenize=True, return_dict=False)
 
 
-def arithmetic_metrics(model: Trained, decoder: Decoder, test: Sequence[Problem]) -> dict:
-    """Exact match of the final result, overall and by answer length (steps), and tokens per pass."""
-    prompts = [_chat_prompt(model.tokenizer, p.question) for p in test]
-    results, _ = generate(decoder, model.params, prompts)
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion."""
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(centre - half), float(centre + half)
+
+
+def paired_difference(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> dict:
+    """Accuracy of `a` minus `b` on the same problems, with a 95% interval from the per-problem
+    differences, and the discordant counts (a right where b is wrong, and the reverse)."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    half = z * d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else 1.0
+    return {"difference": float(d.mean()), "ci95": [float(d.mean() - half), float(d.mean() + half)],
+            "only_first_right": int((d > 0).sum()), "only_second_right": int((d < 0).sum())}
+
+
+def arithmetic_metrics(model: Trained, setting: dict, test: Sequence[Problem], max_new_tokens: int) -> dict:
+    """Whole-answer exact match (the worked steps and the result, as the model should write them),
+    final-number match, both by answer length (steps), and tokens per pass."""
+    prompts = [chat_prompt(model.tokenizer, p.question) for p in test]
+    results, _ = decode(model, setting, prompts, max_new_tokens)
     texts = [model.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in results]
-    correct = np.array([final_result(t) == p.result for t, p in zip(texts, test)])
+    whole = np.array([t == p.answer for t, p in zip(texts, test)])
+    final = np.array([final_result(t) == p.result for t, p in zip(texts, test)])
     steps = np.array([p.steps for p in test])
-    return {"accuracy": float(correct.mean()), "tokens_per_pass": tokens_per_pass(results),
-            "accuracy_by_steps": {int(s): float(correct[steps == s].mean()) for s in np.unique(steps)},
+    return {"n": len(test), "accuracy": float(whole.mean()), "ci95": wilson(int(whole.sum()), len(test)),
+            "accuracy_final_number": float(final.mean()), "tokens_per_pass": tokens_per_pass(results),
+            "accuracy_by_steps": {int(s): float(whole[steps == s].mean()) for s in np.unique(steps)},
+            "correct": "".join("1" if c else "0" for c in whole),
             "examples": [{"question": p.question, "output": t} for p, t in list(zip(test, texts))[:3]]}
 
 
-def code_prompts(texts: Sequence[str], tokenizer: Any, count: int, prompt_chars: int, seed: int) -> list[list[int]]:
-    """`count` prompts: `prompt_chars` characters of held-out code starting at random line starts."""
-    rng = np.random.default_rng(seed)
-    prompts = []
-    while len(prompts) < count:
-        text = texts[int(rng.integers(len(texts)))]
-        starts = [i + 1 for i, ch in enumerate(text[:-prompt_chars]) if ch == "\n"]
-        if starts:
-            start = starts[int(rng.integers(len(starts)))]
-            prompts.append(tokenizer(text[start: start + prompt_chars])["input_ids"])
-    return prompts
+def tokens_per_second(model: Trained, setting: dict, test: Sequence[Problem], max_new_tokens: int, batch: int,
+                      repeats: int) -> float:
+    """Generated tokens per second of decoding the problems in batches of `batch` (prefill + decode,
+    compile excluded: every batch is padded to one compiled shape); the median of `repeats` runs."""
+    prompts = [chat_prompt(model.tokenizer, p.question) for p in test]
+    longest = max(len(p) for p in prompts)
+    rates = []
+    for _ in range(repeats):
+        tokens, seconds = 0, 0.0
+        for start in range(0, len(prompts), batch):
+            results, timing = decode(model, setting, prompts[start: start + batch], max_new_tokens, longest)
+            tokens += sum(len(r.token_ids) for r in results)
+            seconds += timing.seconds
+        rates.append(tokens / seconds)
+    return float(np.median(rates))
 
 
-def code_continuations(model: Trained, decoder: Decoder, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
-    results, _ = generate(decoder, model.params, prompts)
-    return [r.token_ids for r in results], tokens_per_pass(results)
+def forward_cost_ratio(model: Any, block_size: int, context: int = 40, calls: int = 200) -> float:
+    """time(k) / time(1) of one decoding forward of k tokens at batch 1 with `context` cached tokens
+    (median per call); `model` has `.config` and `.params`."""
+    import time
+
+    from sbd_jax.kv_cache import init_cache
+
+    cache = init_cache(model.config, 1, context + block_size)
+    cache = cache.replace(lengths=jnp.full((1,), context, jnp.int32))
+    medians = {}
+    for k in (1, block_size):
+        forward = jax.jit(lambda params, tokens, cache, k=k: Transformer(model.config).apply(
+            {"params": params}, tokens, cache.lengths[:, None] + jnp.arange(k), mask=masks.bidirectional(k),
+            cache=cache)[0])
+        tokens = jnp.zeros((1, k), jnp.int32)
+        jax.block_until_ready(forward(model.params, tokens, cache))
+        times = []
+        for _ in range(calls):
+            began = time.perf_counter()
+            jax.block_until_ready(forward(model.params, tokens, cache))
+            times.append(time.perf_counter() - began)
+        medians[k] = float(np.median(times))
+    return medians[block_size] / medians[1]
 
 
-def agreement(outputs: Sequence[Sequence[int]], references: Sequence[Sequence[int]]) -> float:
-    """Fraction of reference tokens that the output reproduces at the same position."""
-    same = sum(sum(a == b for a, b in zip(o, r)) for o, r in zip(outputs, references))
-    return same / max(sum(len(r) for r in references), 1)
+def main() -> None:
+    """Re-evaluates a saved model (e.g. the shipped one) on the study's test problems, no training."""
+    import argparse
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from experiments.small_scale.arithmetic import problems
+    from experiments.small_scale.run import FULL
+    from sbd_jax.checkpoints.load import load_model
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="an HF directory with a mask token (sbd_mask_token_id)")
+    parser.add_argument("--block-size", type=int, nargs="+", default=[16])
+    parser.add_argument("--gamma", type=float, nargs="+", default=[0.0, 0.1, 0.35, 0.6, 1.0])
+    parser.add_argument("--verify", action="store_true", help="also the verified (lossless) mode at each setting")
+    parser.add_argument("--problems", type=int, default=FULL["test_problems"], help="how many test problems")
+    args = parser.parse_args()
+    loaded = load_model(args.model)
+    model = Trained(args.model, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+    # The study's split: training problems drawn with seed 0, test problems with seed 1 excluding them.
+    seen = frozenset(p.question for p in problems(FULL["train_problems"], FULL["max_digits"], 0))
+    test = problems(FULL["test_problems"], FULL["max_digits"], 1, exclude=seen)[: args.problems]
+    grid = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
+    grid += [dict(mode="sbd", block_size=k, gamma=g, proxy="entropy", verify=v)
+             for k in args.block_size for g in args.gamma for v in ((False, True) if args.verify else (False,))]
+    for setting in grid:
+        m = arithmetic_metrics(model, setting, test, FULL["max_new_tokens"])
+        label = setting["mode"] + (" verified" if setting.get("verify") else "")
+        print(f"{label:>12} k={setting['block_size']:>2} γ={setting['gamma']}: whole-answer {m['accuracy']:.1%} "
+              f"[{m['ci95'][0]:.1%}, {m['ci95'][1]:.1%}], final number {m['accuracy_final_number']:.1%}, "
+              f"{m['tokens_per_pass']:.2f} tokens/pass (n={m['n']})", flush=True)
 
 
-def mean_logprob(scorer: Trained, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> float:
-    """Mean log-probability per continuation token under `scorer` (the NTP-only model), prompt given."""
-    vocab = scorer.config.vocab_size
-    unk = scorer.tokenizer.unk_token_id
-    rows = [list(p) + [t if t < vocab else unk for t in c] for p, c in zip(prompts, continuations)]
-    length = max(len(r) for r in rows)
-    tokens = np.zeros((len(rows), length), np.int32)
-    target = np.zeros((len(rows), length), bool)
-    for i, (row, prompt) in enumerate(zip(rows, prompts)):
-        tokens[i, : len(row)] = row
-        target[i, len(prompt): len(row)] = True
-    logits, _ = _forward(scorer.config)(
-        {"params": scorer.params}, jnp.asarray(tokens), jnp.arange(length)[None], mask=masks.causal(length))
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    picked = np.asarray(jnp.take_along_axis(logp, jnp.asarray(tokens)[:, 1:, None], axis=-1)[..., 0])
-    return float(picked[target[:, 1:]].mean())
+if __name__ == "__main__":
+    main()

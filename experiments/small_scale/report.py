@@ -1,68 +1,98 @@
-"""results.json -> results.md (tables and the three claims, checked) and PNG plots."""
+"""results.json -> results.md (headline, diagnostics, wall-clock, every entry) and PNG plots."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-NAMES = {"ntp": "NTP-only", "sbd": "SBD", "sbd_no_ntp": "SBD without NTP", "sbd_from_ntp": "SBD fine-tuned from NTP"}
-SBD_MODELS = ("sbd", "sbd_no_ntp", "sbd_from_ntp")
+from experiments.small_scale.evaluate import paired_difference
 
 
-def _ntp_entry(entries: list[dict], model: str) -> dict:
-    return next(e for e in entries if e["model"] == model and e["mode"] == "ntp")
+def model_label(name: str) -> str:
+    if name.startswith("ft_"):
+        return f"SBD fine-tuned from NTP, {name[3:]} steps"
+    return {"ntp": "NTP-only", "sbd": "SBD from scratch", "sbd_no_ntp": "SBD from scratch without NTP"}[name]
 
 
-def _sbd_entries(entries: list[dict], model: str, block_size: int | None = None) -> list[dict]:
-    return sorted((e for e in entries if e["model"] == model and e["mode"] == "sbd"
-                   and block_size in (None, e["block_size"])), key=lambda e: (e["block_size"], e["gamma"]))
+def find(entries: list[dict], **where: Any) -> list[dict]:
+    return [e for e in entries if all(e.get(key) == value for key, value in where.items())]
 
 
-def claims(results: dict[str, Any], model: str = "sbd") -> list[str]:
-    """The issue's three claims for one SBD model, each with the numbers that decide it and a verdict."""
-    loss, entries = results["heldout_ntp_loss"], results["entries"]
-    name = NAMES[model]
-    lines = []
-    total = {m: v["arithmetic"] + v["code"] for m, v in loss.items()}
-    gap = total[model] / total["ntp"] - 1
-    ablation = total["sbd_no_ntp"] / total["ntp"] - 1
-    ok = abs(gap) <= 0.03 and ablation > max(gap, 0) + 0.03  # "clearly worse": 3 points more than SBD's gap
-    lines.append(f"1. **Keeping the NTP loss.** Held-out NTP loss (arithmetic + code) of {name} is {gap:+.1%} vs "
-                 f"NTP-only (target within 3%); without the NTP term it is {ablation:+.1%} (target: ≥ 3 points "
-                 f"worse). {'Holds' if ok else 'Does not hold'} at this scale.")
-    biggest = max(results["sizes"]["block_sizes"])
-    base = _ntp_entry(entries, model)["accuracy"]
-    reference = (f"the same model's NTP decoding ({base:.1%}; the NTP-only model: "
-                 f"{_ntp_entry(entries, 'ntp')['accuracy']:.1%})")
-    within = [e for e in _sbd_entries(entries, model, biggest) if e["accuracy"] >= base - 0.01]
-    if within:
-        best = max(within, key=lambda e: e["tokens_per_pass"])
-        verdict = "Holds" if best["tokens_per_pass"] >= 3 else "Does not hold"
-        lines.append(f"2. **Fewer passes at the same accuracy.** At block {biggest}, the γ with the most tokens per "
-                     f"pass within 1 point of {reference} is γ={best['gamma']}: accuracy {best['accuracy']:.1%} with "
-                     f"{best['tokens_per_pass']:.2f} tokens per pass (target ≥ 3). {verdict} at this scale.")
-    else:
-        lines.append(f"2. **Fewer passes at the same accuracy.** No γ at block {biggest} stays within 1 point of "
-                     f"{reference}. Does not hold at this scale.")
-    grid = _sbd_entries(entries, model, biggest)
-    steps = sorted(grid[0]["accuracy_by_steps"], key=int)
-    first, last = grid[0], grid[-1]
-    drops = {s: first["accuracy_by_steps"][s] - last["accuracy_by_steps"][s] for s in steps}
-    falls = first["accuracy"] - last["accuracy"] > 0.01
-    longest_first = drops[steps[-1]] >= max(drops[s] for s in steps[:-1]) if len(steps) > 1 else False
-    lines.append(f"3. **Accuracy falls as γ grows, first on long answers.** Block {biggest}: γ={first['gamma']} → "
-                 f"{last['gamma']} takes accuracy {first['accuracy']:.1%} → {last['accuracy']:.1%}; the drop by answer "
-                 f"length (steps) is " + ", ".join(f"{s}: {drops[s]:+.1%}" for s in steps) + ". "
-                 f"{'Holds' if falls and longest_first else 'Does not hold (fully)'} at this scale.")
-    return lines
+def one(entries: list[dict], **where: Any) -> dict:
+    (entry,) = find(entries, **where)
+    return entry
+
+
+def chosen_on_validation(entries: list[dict], model: str, block_size: int) -> dict | None:
+    """The test entry of the γ with the most tokens per pass within 1 point of the model's NTP
+    decoding on the validation split; None if no γ stays within 1 point there."""
+    ntp = one(entries, model=model, mode="ntp", split="valid")
+    within = [e for e in find(entries, model=model, mode="sbd", split="valid", block_size=block_size)
+              if e["accuracy"] >= ntp["accuracy"] - 0.01]
+    if not within:
+        return None
+    best = max(within, key=lambda e: e["tokens_per_pass"])
+    return one(entries, model=model, mode="sbd", split="test", block_size=block_size, gamma=best["gamma"])
 
 
 def _row(*cells: Any) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
-def _setting(e: dict) -> tuple:
-    return NAMES[e["model"]], e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"]
+def _pct(e: dict) -> str:
+    low, high = e["ci95"]
+    return f"{e['accuracy']:.1%} [{low:.1%}, {high:.1%}]"
+
+
+def headline_rows(results: dict) -> list[str]:
+    entries = [e for e in results["entries"] if e["split"] != "speed"]
+    models = [m for m in results["heldout_ntp_loss"] if m != "ntp"]
+    out = [_row("model", "block", "γ (chosen on validation)", "SBD whole-answer (test)", "its NTP decoding (test)",
+                "SBD − NTP, paired [95% CI]", "tokens / pass", "≥ 3× within 1 point?"), _row(*["---"] * 8)]
+    for model in models:
+        ntp = one(entries, model=model, mode="ntp", split="test")
+        for k in sorted({e["block_size"] for e in find(entries, model=model, mode="sbd")}):
+            best = chosen_on_validation(entries, model, k)
+            if best is None:
+                out.append(_row(model_label(model), k, "none within 1 point", "", _pct(ntp), "", "", "no"))
+                continue
+            diff = paired_difference([c == "1" for c in best["correct"]], [c == "1" for c in ntp["correct"]])
+            low, high = diff["ci95"]
+            holds = best["tokens_per_pass"] >= 3 and best["accuracy"] >= ntp["accuracy"] - 0.01
+            out.append(_row(model_label(model), k, best["gamma"], _pct(best), _pct(ntp),
+                            f"{diff['difference']:+.1%} [{low:+.1%}, {high:+.1%}]", f"{best['tokens_per_pass']:.2f}",
+                            "yes" if holds else "no"))
+    return out
+
+
+def diagnostic_rows(results: dict) -> list[str]:
+    """γ = 0 at the diagnostic block: NTP decoding vs MATP revealed left to right vs the EB order."""
+    entries = [e for e in results["entries"] if e["split"] == "test"]
+    k = max(results["sizes"]["block_sizes"])
+    out = [_row("model", "NTP decoding", f"MATP left to right (block {k}, γ 0)", f"MATP EB order (block {k}, γ 0)"),
+           _row(*["---"] * 4)]
+    for model in results["heldout_ntp_loss"]:
+        if model == "ntp":
+            continue
+        out.append(_row(model_label(model), _pct(one(entries, model=model, mode="ntp")),
+                        _pct(one(entries, model=model, mode="sbd_left_to_right")),
+                        _pct(one(entries, model=model, mode="sbd", block_size=k, gamma=0.0))))
+    return out
+
+
+def speed_rows(results: dict) -> list[str]:
+    speed = [e for e in results["entries"] if e["split"] == "speed"]
+    out = [_row("batch", "mode", "block", "γ", "tokens/s", "vs NTP", "tokens / pass (test)", "time(k)/time(1)"),
+           _row(*["---"] * 8)]
+    tests = [e for e in results["entries"] if e["split"] == "test" and e["model"] == results["headline_model"]]
+    for e in speed:
+        ntp = one(speed, batch=e["batch"], mode="ntp")
+        per_pass = 1.0 if e["mode"] == "ntp" else one(tests, mode="sbd", block_size=e["block_size"],
+                                                      gamma=e["gamma"])["tokens_per_pass"]
+        out.append(_row(e["batch"], e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"],
+                        f"{e['tokens_per_second']:.0f}", f"{e['tokens_per_second'] / ntp['tokens_per_second']:.2f}×",
+                        f"{per_pass:.2f}", f"{e['forward_cost_ratio']:.2f}"))
+    return out
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -70,41 +100,43 @@ def markdown(results: dict[str, Any]) -> str:
     machine, runtime = results["machine"], results["runtime_seconds"]
     out = ["# SBD at small scale: tiny models trained on a CPU", "",
            f"Command: `{results['command']}`  ",
-           "Runtime: training " + ", ".join(f"{NAMES[m]} {t / 60:.1f} min" for m, t in runtime["train"].items())
-           + f" (step and compile time); this invocation {runtime['total'] / 60:.1f} min in total.  ",
+           "Training (step + compile time, a fine-tune counting its trunk up to its branch point): "
+           + ", ".join(f"{model_label(m)} {t / 60:.1f} min" for m, t in runtime["train"].items())
+           + f"; this invocation {runtime['total'] / 60:.1f} min in total.  ",
            f"Machine: {machine['processor']}, {machine['cpus']} CPUs, {machine['platform']}, "
            f"Python {machine['python']}, jax {machine['jax']}.  ",
-           f"Models: Llama, {results['parameters']['ntp'] / 1e6:.2f}M parameters, character tokenizer; "
-           f"{sizes['steps']} steps of {sizes['batch_size']} x {sizes['seq_len']} tokens, same data and seed for "
-           "the three trained from scratch; the fine-tune from the NTP model takes half as many more steps. All "
-           "decoding greedy.", "", "## Claims, as the issue states them (SBD trained from scratch)", ""]
-    out += claims(results, "sbd")
-    out += ["", "## The same claims for the paper's setting (SBD fine-tuned from the trained NTP model)", ""]
-    out += claims(results, "sbd_from_ntp")
+           f"Models: Llama, {results['parameters']['ntp'] / 1e6:.2f}M parameters, character tokenizer; batches of "
+           f"{sizes['batch_size']} x {sizes['seq_len']} tokens. Packing wastes "
+           + ", ".join(f"{v:.1%} of the {k} rows" for k, v in results["padding_fraction"].items())
+           + " as padding. All decoding greedy; accuracy is whole-answer exact match (worked steps and result) "
+           f"with a 95% Wilson interval; {one(entries, model='ntp', mode='ntp', split='test')['n']} test and "
+           f"{one(entries, model='ntp', mode='ntp', split='valid')['n']} validation problems.", "",
+           "## Headline: γ chosen on validation, scored on test", ""]
+    out += headline_rows(results)
+    out += ["", "## γ = 0 diagnostic (test): is the MATP under-trained, or is it the reveal order?", ""]
+    out += diagnostic_rows(results)
+    out += ["", f"## Wall-clock on this CPU ({model_label(results['headline_model'])}, "
+            f"{sizes['speed_problems']} test problems, median of {sizes['speed_repeats']} runs)", ""]
+    out += speed_rows(results)
     out += ["", "## Held-out NTP loss (nats per token)", "",
             _row("model", "arithmetic answers", "code", "sum", "vs NTP-only"), _row(*["---"] * 5)]
     ref = loss["ntp"]["arithmetic"] + loss["ntp"]["code"]
     for model, v in loss.items():
         total = v["arithmetic"] + v["code"]
-        out.append(_row(NAMES[model], f"{v['arithmetic']:.4f}", f"{v['code']:.4f}", f"{total:.4f}",
+        out.append(_row(model_label(model), f"{v['arithmetic']:.4f}", f"{v['code']:.4f}", f"{total:.4f}",
                         f"{total / ref - 1:+.1%}"))
-    steps = sorted(entries[0]["accuracy_by_steps"], key=int)
-    out += ["", "## Arithmetic: exact match and tokens per pass", "",
-            _row("model", "mode", "block", "γ", "accuracy", "tokens/pass", *(f"acc. {s} steps" for s in steps)),
-            _row(*["---"] * (6 + len(steps)))]
-    for e in entries:
-        by_steps = (f"{e['accuracy_by_steps'].get(s, float('nan')):.1%}" for s in steps)
-        out.append(_row(*_setting(e), f"{e['accuracy']:.1%}", f"{e['tokens_per_pass']:.2f}", *by_steps))
-    out += ["", "## Code continuation (held-out standard-library modules)", "",
-            "Agreement: the share of the same model's NTP-decoded tokens that SBD reproduces at the same "
-            "position. Log-prob: mean log-probability per generated token under the NTP-only model.", "",
-            _row("model", "mode", "block", "γ", "tokens/pass", "agreement with NTP", "NTP-only log-prob"),
-            _row(*["---"] * 7)]
-    for e in entries:
-        out.append(_row(*_setting(e), f"{e['code_tokens_per_pass']:.2f}", f"{e['code_agreement_with_ntp']:.1%}",
-                        f"{e['code_ntp_model_logprob']:.3f}"))
-    out += ["", "Plots: `accuracy_vs_passes.png` (accuracy against tokens per pass, one line per block size, "
-            "γ along each line) and `loss_curves.png` (training NTP and MATP losses).", ""]
+    out += ["", "## Every setting", "",
+            _row("model", "mode", "block", "γ", "whole-answer (test)", "final number (test)", "tokens/pass (test)",
+                 "whole-answer (valid)"), _row(*["---"] * 8)]
+    for e in find(entries, split="test"):
+        valid = one(entries, model=e["model"], mode=e["mode"], block_size=e["block_size"], gamma=e["gamma"],
+                    split="valid")
+        out.append(_row(model_label(e["model"]), e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"],
+                        _pct(e), f"{e['accuracy_final_number']:.1%}", f"{e['tokens_per_pass']:.2f}",
+                        f"{valid['accuracy']:.1%}"))
+    out += ["", "Plots: `accuracy_vs_passes.png` (test accuracy against tokens per pass at the largest block, one "
+            "line per model, γ along each line, 95% intervals, each model's NTP decoding as a reference point), "
+            "`gamma0_diagnostic.png` and `loss_curves.png` (training NTP and MATP losses).", ""]
     return "\n".join(out)
 
 
@@ -114,32 +146,51 @@ def plots(results: dict[str, Any], directory: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    entries = results["entries"]
-    sbd_models = [m for m in SBD_MODELS if _sbd_entries(entries, m)]
-    fig, axes = plt.subplots(1, len(sbd_models), figsize=(5.5 * len(sbd_models), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], sbd_models):
-        for k in results["sizes"]["block_sizes"]:
-            grid = _sbd_entries(entries, model, k)
-            ax.plot([e["tokens_per_pass"] for e in grid], [100 * e["accuracy"] for e in grid], "o-", label=f"block {k}")
-        ax.axhline(100 * _ntp_entry(entries, model)["accuracy"], color="gray", ls="--", label="its NTP decoding")
-        ax.set(title=NAMES[model], xlabel="tokens per forward pass (NFE reduction)",
-               ylabel="exact match (%)")
-        ax.legend()
+    tests = [e for e in results["entries"] if e["split"] == "test"]
+    k = max(results["sizes"]["block_sizes"])
+    models = [m for m in results["heldout_ntp_loss"] if find(tests, model=m, mode="sbd")]
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for i, model in enumerate(models):
+        grid = sorted(find(tests, model=model, mode="sbd", block_size=k), key=lambda e: e["gamma"])
+        colour = f"C{i}"
+        ax.errorbar([e["tokens_per_pass"] for e in grid], [100 * e["accuracy"] for e in grid],
+                    yerr=[[100 * (e["accuracy"] - e["ci95"][0]) for e in grid],
+                          [100 * (e["ci95"][1] - e["accuracy"]) for e in grid]],
+                    fmt="o-", color=colour, capsize=3, label=model_label(model))
+        ntp = one(tests, model=model, mode="ntp")
+        ax.plot([1.0], [100 * ntp["accuracy"]], marker="*", markersize=12, color=colour, ls="none")
+    ax.set(title=f"block {k}: whole-answer accuracy vs tokens per pass (★ = the model's NTP decoding)",
+           xlabel="tokens per forward pass", ylabel="whole-answer exact match (%)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "accuracy_vs_passes.png"), dpi=110)
     plt.close(fig)
 
+    fig, ax = plt.subplots(figsize=(8, 4))
+    kinds = [("ntp", {}), ("sbd_left_to_right", {}), ("sbd", {"block_size": k, "gamma": 0.0})]
+    for j, (mode, extra) in enumerate(kinds):
+        values = [100 * one(tests, model=m, mode=mode, **extra)["accuracy"] for m in models]
+        ax.bar([i + 0.27 * (j - 1) for i in range(len(models))], values, width=0.27,
+               label={"ntp": "NTP decoding", "sbd_left_to_right": f"MATP left to right (block {k}, γ 0)",
+                      "sbd": f"MATP EB order (block {k}, γ 0)"}[mode])
+    ax.set_xticks(range(len(models)), [model_label(m).replace(", ", "\n") for m in models], fontsize=7)
+    ax.set(ylabel="whole-answer exact match (%)", title="γ = 0 diagnostic (test)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(directory, "gamma0_diagnostic.png"), dpi=110)
+    plt.close(fig)
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for model, curve in results["loss_curves"].items():
-        start = len(results["loss_curves"]["ntp"]) if model == "sbd_from_ntp" else 0  # continues the NTP run
+        start = len(results["loss_curves"]["ntp"]) if model.startswith("ft_") else 0  # continues the NTP run
         steps = [start + r["step"] for r in curve]
-        axes[0].plot(steps, _smooth([r["ntp_loss"] for r in curve]), label=NAMES[model])
+        axes[0].plot(steps, _smooth([r["ntp_loss"] for r in curve]), label=model_label(model))
         if model != "ntp":
-            axes[1].plot(steps, _smooth([r["matp_loss"] for r in curve]), label=NAMES[model])
+            axes[1].plot(steps, _smooth([r["matp_loss"] for r in curve]), label=model_label(model))
     axes[0].set(title="training NTP loss (smoothed)", xlabel="step", ylabel="nats/token", yscale="log")
     axes[1].set(title="training MATP loss (smoothed)", xlabel="step", ylabel="nats/token", yscale="log")
     for ax in axes:
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "loss_curves.png"), dpi=110)
     plt.close(fig)

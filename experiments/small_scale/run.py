@@ -1,19 +1,21 @@
 """Small-scale evidence for SBD on a CPU: tiny models trained on the same data, evaluated side by side.
 
-    python experiments/small_scale/run.py            # ~45 min on 2 CPU cores; writes results.{json,md}, *.png here
-    python experiments/small_scale/run.py --smoke    # about a minute: the same pipeline on toy sizes (tests run it)
+    python experiments/small_scale/run.py               # ~2 h on 2 CPU cores; writes results.{json,md}, *.png here
+    python experiments/small_scale/run.py --train-only  # the training part (resumable), ~75 min
+    python experiments/small_scale/run.py --smoke       # about a minute: the same pipeline on toy sizes (tests run it)
 
-Trains NTP-only, SBD (NTP + MATP) and SBD without the NTP term from scratch on the same data
-(worked-step addition chats + standard-library code), steps and seed, then SBD fine-tuned from the
-trained NTP model (the paper's setting) for half as many steps. Measures held-out NTP loss,
-arithmetic exact match and code continuation for NTP decoding and SBD decoding over block size x γ.
-Training checkpoints live in --workdir, so an interrupted run resumes where it stopped.
+Trains an NTP-only model on worked-step addition chats + standard-library code, then fine-tunes it
+with the SBD objective (the paper's setting) at several budgets (one warmup-stable-decay trunk, a
+decay branch per budget), and trains SBD and SBD without the NTP term from scratch (a smaller
+budget). Measures held-out NTP loss, whole-answer exact match on held-out problems for NTP decoding
+and SBD decoding over block size x γ (γ chosen on a validation split), the γ = 0 reveal-order
+diagnostic, and wall-clock tokens/s. Checkpoints and finished evaluations live in --workdir, so an
+interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -24,94 +26,124 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-FULL = dict(steps=1200, batch_size=16, seq_len=128, train_problems=40000, test_problems=500, max_digits=5,
-            code_chars=500_000, heldout_code_chars=100_000, code_prompts=64, prompt_chars=96,
-            code_new_tokens=64, max_new_tokens=72, block_sizes=(4, 8, 16),
-            gammas=(0.0, 0.1, 0.2, 0.35, 0.6, 1.0, 1.5))
-SMOKE = dict(steps=6, batch_size=4, seq_len=64, train_problems=300, test_problems=12, max_digits=3,
-             code_chars=6000, heldout_code_chars=3000, code_prompts=3, prompt_chars=32, code_new_tokens=16,
-             max_new_tokens=40, block_sizes=(2, 4), gammas=(0.0, 1.0))
+from experiments.small_scale.config import get_config, stable_steps  # noqa: E402
+
+FULL = dict(ntp_steps=1200, scratch_steps=600, budgets=(600, 2400, 6000), batch_size=16, seq_len=128,
+            train_problems=40000, valid_problems=500, test_problems=2000, max_digits=5, code_chars=500_000,
+            heldout_code_chars=100_000, max_new_tokens=72, block_sizes=(4, 8, 16),
+            gammas=(0.0, 0.1, 0.35, 0.6, 1.0), speed_problems=64, speed_repeats=3)
+SMOKE = dict(ntp_steps=6, scratch_steps=4, budgets=(10, 20), batch_size=4, seq_len=64, train_problems=300,
+             valid_problems=8, test_problems=12, max_digits=3, code_chars=6000, heldout_code_chars=3000,
+             max_new_tokens=40, block_sizes=(2, 4), gammas=(0.0, 1.0), speed_problems=4, speed_repeats=1)
 
 
-def train(variant: str, sizes: dict, corpus, tokenizer_dir: str, workdir: str, smoke: bool):
-    """Trains (or resumes) one model; returns it and its whole loss curve."""
+def model_plan(sizes: dict) -> list[tuple[str, str, int]]:
+    """(name, config variant, steps) in training order: the NTP model, the fine-tune trunk and one
+    fine-tune per budget (the paper's setting), then the from-scratch SBD rows."""
+    plan = [("ntp", "ntp", sizes["ntp_steps"]), ("trunk", "trunk", stable_steps(max(sizes["budgets"])))]
+    plan += [(f"ft_{b}", "ft", b) for b in sizes["budgets"]]
+    return plan + [("sbd", "sbd", sizes["scratch_steps"]), ("sbd_no_ntp", "sbd_no_ntp", sizes["scratch_steps"])]
+
+
+def _log(run_dir: str) -> list[dict]:
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def train(name: str, variant: str, steps: int, sizes: dict, corpus, tokenizer_dir: str, workdir: str, smoke: bool):
+    """Trains (or resumes) one model; returns it, its loss curve and its training seconds (for a
+    fine-tune, the trunk's steps up to its branch point plus its own)."""
     import jax
 
-    from experiments.small_scale.config import get_config
     from experiments.small_scale.evaluate import Trained
     from sbd_jax.trainer import Trainer
 
-    cfg = get_config(variant, files=corpus.train_files, tokenizer=tokenizer_dir, steps=sizes["steps"],
+    runs = os.path.join(workdir, "runs")
+    cfg = get_config(variant, files=corpus.train_files, tokenizer=tokenizer_dir, steps=steps,
                      batch_size=sizes["batch_size"], seq_len=sizes["seq_len"], smoke=smoke,
-                     ntp_model=os.path.join(workdir, "runs", "ntp", "hf"))
-    cfg.objective.block_size_max = max(sizes["block_sizes"])
-    trainer = Trainer(cfg, os.path.join(workdir, "runs", variant))
+                     ntp_model=os.path.join(runs, "ntp", "hf"), trunk=os.path.join(runs, "trunk"),
+                     checkpoint_every=stable_steps(min(sizes["budgets"])))
+    trainer = Trainer(cfg, os.path.join(runs, name))
     trainer.run()
-    with open(os.path.join(workdir, "runs", variant, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
+    rows = _log(os.path.join(runs, name))
+    if variant == "ft":
+        rows = [r for r in _log(os.path.join(runs, "trunk")) if r["step"] <= stable_steps(steps)] + rows
     curve = [{key: row[key] for key in ("step", "ntp_loss", "matp_loss")} for row in rows]
     seconds = sum(row["seconds"] + row["compile_seconds"] for row in rows)  # also right for a resumed run
-    return Trained(variant, trainer.config, jax.device_get(trainer.state.params), trainer.tokenizer), curve, seconds
+    return Trained(name, trainer.config, jax.device_get(trainer.state.params), trainer.tokenizer), curve, seconds
 
 
-def evaluate_all(models: dict, corpus, sizes: dict) -> list[dict]:
-    """One entry per model x decoding setting: arithmetic metrics and code-continuation metrics."""
+def evaluate_entries(models: dict, corpus, sizes: dict, cache_path: str) -> list[dict]:
+    """One entry per model x decoding setting x split (validation, test); cached in `cache_path`, so an
+    interrupted evaluation resumes."""
     from experiments.small_scale import evaluate as ev
 
-    scorer = models["ntp"]
+    cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+    splits = {"valid": corpus.valid_problems, "test": corpus.test_problems}
     entries = []
     for name, model in models.items():
-        prompts = ev.code_prompts(corpus.heldout_code, model.tokenizer, sizes["code_prompts"],
-                                  sizes["prompt_chars"], seed=0)
-        reference = None
-        for setting, decoder in ev.decoders(model, sizes["max_new_tokens"], sizes["block_sizes"], sizes["gammas"]):
-            began = time.perf_counter()
-            entry = {"model": name, **setting, **ev.arithmetic_metrics(model, decoder, corpus.test_problems)}
-            code_decoder = dataclasses.replace(decoder, max_new_tokens=sizes["code_new_tokens"])
-            outputs, per_pass = ev.code_continuations(model, code_decoder, prompts)
-            reference = outputs if reference is None else reference  # the NTP-mode output comes first
-            entry.update(code_tokens_per_pass=per_pass, code_agreement_with_ntp=ev.agreement(outputs, reference),
-                         code_ntp_model_logprob=ev.mean_logprob(scorer, prompts, outputs),
-                         seconds=time.perf_counter() - began)
-            print(f"{name:>10} {setting['mode']} k={setting['block_size']:>2} gamma={setting['gamma']}: "
-                  f"accuracy {entry['accuracy']:.3f}, {entry['tokens_per_pass']:.2f} tokens/pass, code "
-                  f"{per_pass:.2f} tokens/pass, agreement {entry['code_agreement_with_ntp']:.3f}", flush=True)
-            entries.append(entry)
+        scratch = name in ("sbd", "sbd_no_ntp")  # smaller rows: block 16 only
+        blocks = (max(sizes["block_sizes"]),) if scratch else sizes["block_sizes"]
+        for setting in ev.settings(model, blocks, sizes["gammas"], max(sizes["block_sizes"])):
+            for split, problems in splits.items():
+                key = f"{name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}"
+                if key not in cache:
+                    began = time.perf_counter()
+                    metrics = ev.arithmetic_metrics(model, setting, problems, sizes["max_new_tokens"])
+                    cache[key] = {"model": name, **setting, "split": split, **metrics, "batch": len(problems),
+                                  "tokens_per_second": None, "seconds": time.perf_counter() - began}
+                    with open(cache_path, "w") as f:
+                        json.dump(cache, f)
+                    e = cache[key]
+                    print(f"{name:>10} {split:>5} {e['mode']} k={e['block_size']:>2} gamma={e['gamma']}: whole "
+                          f"{e['accuracy']:.3f} final {e['accuracy_final_number']:.3f}, {e['tokens_per_pass']:.2f} "
+                          f"tokens/pass ({e['seconds']:.0f} s)", flush=True)
+                entries.append(cache[key])
     return entries
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="toy sizes: checks the pipeline in seconds")
-    parser.add_argument("--workdir", default="/tmp/sbd_small_scale", help="data, checkpoints (resumable)")
-    parser.add_argument("--results", default=None, help="where results.{json,md} and plots go "
-                        "(default: this folder; with --smoke, --workdir)")
-    args = parser.parse_args()
-    began = time.perf_counter()
+def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) -> list[dict]:
+    """Wall-clock tokens/s at batch 1 and 8 of NTP and of SBD at each block's γ chosen on validation,
+    all in this one run, with time(k)/time(1) of this model's forward beside it."""
+    from experiments.small_scale import evaluate as ev
+    from experiments.small_scale.report import chosen_on_validation
 
+    problems = corpus.test_problems[: sizes["speed_problems"]]
+    chosen = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
+    for k in sizes["block_sizes"]:
+        best = chosen_on_validation(entries, name, k)
+        if best is not None:
+            chosen.append(dict(mode="sbd", block_size=k, gamma=best["gamma"], proxy="entropy"))
+    out = []
+    for batch in (1, 8):
+        for setting in chosen:
+            rate = ev.tokens_per_second(model, setting, problems, sizes["max_new_tokens"], batch,
+                                        sizes["speed_repeats"])
+            cost = ev.forward_cost_ratio(model, setting["block_size"]) if setting["mode"] == "sbd" else 1.0
+            out.append({"model": name, **setting, "split": "speed", "n": len(problems), "batch": batch,
+                        "tokens_per_second": rate, "forward_cost_ratio": cost})
+            print(f"speed {name} batch {batch} {setting['mode']} k={setting['block_size']} γ={setting['gamma']}: "
+                  f"{rate:.0f} tokens/s, time(k)/time(1) {cost:.2f}", flush=True)
+    return out
+
+
+def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus, sizes: dict, args,
+                        results_dir: str, began: float) -> None:
     import jax
 
     from experiments.small_scale import evaluate as ev
-    from experiments.small_scale.char_tokenizer import save_char_tokenizer
-    from experiments.small_scale.config import VARIANTS
-    from experiments.small_scale.corpus import build_corpus
     from experiments.small_scale.report import write_report
+    from sbd_jax.data import load_packed, padding_fraction
 
-    sizes = SMOKE if args.smoke else FULL
-    results_dir = args.results or (args.workdir if args.smoke else HERE)
-    os.makedirs(results_dir, exist_ok=True)
-    tokenizer_dir = save_char_tokenizer(os.path.join(args.workdir, "tokenizer"))
-    corpus = build_corpus(os.path.join(args.workdir, "data"), train_problems=sizes["train_problems"],
-                          test_problems=sizes["test_problems"], max_digits=sizes["max_digits"],
-                          code_chars=sizes["code_chars"], heldout_code_chars=sizes["heldout_code_chars"], seed=0)
-    models, curves, train_seconds = {}, {}, {}
-    for variant in VARIANTS:
-        models[variant], curves[variant], train_seconds[variant] = train(variant, sizes, corpus, tokenizer_dir,
-                                                                         args.workdir, args.smoke)
+    ntp = models["ntp"]
+    padding = {name: padding_fraction(load_packed([path], ntp.tokenizer, sizes["seq_len"]))
+               for name, path in zip(("arithmetic", "code"), corpus.train_files)}
     heldout = {name: {"arithmetic": ev.heldout_ntp_loss(m, corpus.heldout_files[:1], sizes["seq_len"]),
                       "code": ev.heldout_ntp_loss(m, corpus.heldout_files[1:], sizes["seq_len"])}
                for name, m in models.items()}
-    entries = evaluate_all(models, corpus, sizes)
+    entries = evaluate_entries(models, corpus, sizes, os.path.join(args.workdir, "entries.json"))
+    headline = f"ft_{max(sizes['budgets'])}"
+    entries += speed_entries(models[headline], headline, entries, corpus, sizes)
     results = {
         "command": "python experiments/small_scale/run.py" + (" --smoke" if args.smoke else ""),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -121,6 +153,8 @@ def main() -> None:
         "parameters": {name: int(sum(x.size for x in jax.tree.leaves(m.params))) for name, m in models.items()},
         # train: step + compile seconds from each run's log; total: this invocation (less if runs resumed)
         "runtime_seconds": {"train": train_seconds, "total": time.perf_counter() - began},
+        "padding_fraction": padding,
+        "headline_model": headline,
         "heldout_ntp_loss": heldout,
         "loss_curves": curves,
         "entries": entries,
@@ -129,6 +163,37 @@ def main() -> None:
         json.dump(results, f, indent=1)
     write_report(results, results_dir)
     print(f"wrote {results_dir}/results.json, results.md and plots in {results['runtime_seconds']['total']:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="toy sizes: checks the pipeline in seconds")
+    parser.add_argument("--workdir", default="/tmp/sbd_small_scale", help="data, checkpoints (resumable)")
+    parser.add_argument("--results", default=None, help="where results.{json,md} and plots go "
+                        "(default: this folder; with --smoke, --workdir)")
+    parser.add_argument("--train-only", action="store_true", help="train (or resume) every model, then stop")
+    args = parser.parse_args()
+    began = time.perf_counter()
+
+    from experiments.small_scale.char_tokenizer import save_char_tokenizer
+    from experiments.small_scale.corpus import build_corpus
+
+    sizes = SMOKE if args.smoke else FULL
+    results_dir = args.results or (args.workdir if args.smoke else HERE)
+    os.makedirs(results_dir, exist_ok=True)
+    tokenizer_dir = save_char_tokenizer(os.path.join(args.workdir, "tokenizer"))
+    corpus = build_corpus(os.path.join(args.workdir, "data"), train_problems=sizes["train_problems"],
+                          valid_problems=sizes["valid_problems"], test_problems=sizes["test_problems"],
+                          max_digits=sizes["max_digits"], code_chars=sizes["code_chars"],
+                          heldout_code_chars=sizes["heldout_code_chars"], seed=0)
+    models, curves, train_seconds = {}, {}, {}
+    for name, variant, steps in model_plan(sizes):
+        trained, curve, seconds = train(name, variant, steps, sizes, corpus, tokenizer_dir, args.workdir, args.smoke)
+        if name != "trunk":
+            models[name], curves[name], train_seconds[name] = trained, curve, seconds
+    if args.train_only:
+        return
+    evaluate_and_report(models, curves, train_seconds, corpus, sizes, args, results_dir, began)
 
 
 if __name__ == "__main__":

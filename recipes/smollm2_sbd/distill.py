@@ -11,23 +11,24 @@ import json
 import os
 from typing import Any, Sequence
 
-from sbd_jax.sampler import Decoder, Generation, generate
+from sbd_jax.decoders import Decoder
+from sbd_jax.sampler import Generation, generate
 from sbd_jax.tokenizer import encode_prompt
 
 HELDOUT_EVERY = 10  # every 10th prompt is held out from training, for the agreement evaluation
 
 
 def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequence[str],
-                 batch_size: int) -> tuple[list[str], list[Generation]]:
+                 batch_size: int, gamma: float = 0.0) -> tuple[list[str], list[Generation]]:
     """Decodes chat prompts in batches that share one compiled shape (every batch padded to the longest
-    prompt and to `batch_size` rows); answers come back in the prompts' order."""
+    prompt and to `batch_size` rows); answers come back in the prompts' order. `gamma`: SBD's."""
     encoded = [encode_prompt(tokenizer, p, chat=True) for p in prompts]
     longest = max(len(e) for e in encoded)
     generations: list[Generation] = []
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start: start + batch_size]
         filled = batch + [batch[-1]] * (min(batch_size, len(encoded)) - len(batch))
-        results, _ = generate(decoder, params, filled, pad_to=longest)
+        results, _ = generate(decoder, params, filled, pad_to=longest, gamma=gamma)
         generations += results[: len(batch)]
     texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
     return texts, generations

@@ -21,7 +21,7 @@ GAMMAS = (0.1, 0.35, 0.6, 1.0)
 
 def settings(base: Any, tuned: Any, gammas: Sequence[float], block_size: int, max_new_tokens: int) -> list[tuple]:
     """(row label, model, decoder) for base NTP, fine-tuned NTP, and fine-tuned SBD at each γ."""
-    from sbd_jax.sampler import NTPDecoder, SBDDecoder
+    from sbd_jax.decoders import NTPDecoder, SBDDecoder
 
     def common(model):
         return dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
@@ -29,11 +29,12 @@ def settings(base: Any, tuned: Any, gammas: Sequence[float], block_size: int, ma
     rows = [({"model": "base", "mode": "ntp", "gamma": None}, base, NTPDecoder(base.config, **common(base))),
             ({"model": "sbd-tuned", "mode": "ntp", "gamma": None}, tuned, NTPDecoder(tuned.config, **common(tuned)))]
     rows += [({"model": "sbd-tuned", "mode": "sbd", "gamma": g}, tuned,
-              SBDDecoder(tuned.config, block_size=block_size, gamma=g, **common(tuned))) for g in gammas]
+              SBDDecoder(tuned.config, block_size=block_size, **common(tuned))) for g in gammas]
     return rows
 
 
-def tokens_per_second(decoder: Any, model: Any, prompts: Sequence[str], batch: int, repeats: int = 2) -> float:
+def tokens_per_second(decoder: Any, model: Any, prompts: Sequence[str], batch: int, gamma: float,
+                      repeats: int = 2) -> float:
     """Generated tokens / wall seconds (prefill + decode, compile excluded) over `prompts`, `batch` at a time."""
     from sbd_jax.sampler import generate
     from sbd_jax.tokenizer import encode_prompt
@@ -41,7 +42,7 @@ def tokens_per_second(decoder: Any, model: Any, prompts: Sequence[str], batch: i
     encoded = [encode_prompt(model.tokenizer, p, chat=True) for p in prompts]
     tokens = seconds = 0.0
     for start in range(0, len(encoded), batch):
-        runs = [generate(decoder, model.params, encoded[start: start + batch]) for _ in range(repeats)]
+        runs = [generate(decoder, model.params, encoded[start: start + batch], gamma=gamma) for _ in range(repeats)]
         results, timing = min(runs, key=lambda r: r[1].seconds)
         tokens += sum(len(r.token_ids) for r in results)
         seconds += timing.seconds
@@ -58,16 +59,17 @@ def evaluate(base: Any, tuned: Any, heldout: list[dict], problems: list[dict], *
     timing = [h["prompt"] for h in heldout[:timing_prompts]]
     rows = []
     for label, model, decoder in settings(base, tuned, gammas, block_size, max_new_tokens):
-        answers, code_gens = chat_answers(decoder, model.params, model.tokenizer, coding, batch_size)
+        gamma = label["gamma"] or 0.0
+        answers, code_gens = chat_answers(decoder, model.params, model.tokenizer, coding, batch_size, gamma)
         passed = pass_rate([p["task_id"] for p in problems], [completion_from_answer(a) for a in answers])
         held, held_gens = chat_answers(decoder, model.params, model.tokenizer, [h["prompt"] for h in heldout],
-                                       batch_size)
+                                       batch_size, gamma)
         row = {**label, "block_size": block_size if label["mode"] == "sbd" else 1,
                "humaneval_pass_at_1": sum(passed) / len(passed), "humaneval_problems": len(passed),
                "agreement_with_base": sum(a == h["answer"] for a, h in zip(held, heldout)) / len(heldout),
                "tokens_per_pass": tokens_per_pass(code_gens + held_gens),
-               "tokens_per_s_batch1": tokens_per_second(decoder, model, timing[:4], 1),
-               "tokens_per_s_batch8": tokens_per_second(decoder, model, timing, 8)}
+               "tokens_per_s_batch1": tokens_per_second(decoder, model, timing[:4], 1, gamma),
+               "tokens_per_s_batch8": tokens_per_second(decoder, model, timing, 8, gamma)}
         print(json.dumps(row), flush=True)
         rows.append(row)
     reference = next(r for r in rows if r["model"] == "sbd-tuned" and r["mode"] == "ntp")

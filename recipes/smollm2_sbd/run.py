@@ -38,7 +38,7 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     from recipes.smollm2_sbd.distill import chat_answers, write_distilled
     from recipes.smollm2_sbd.prompts import make_prompts
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.sampler import NTPDecoder
+    from sbd_jax.decoders import NTPDecoder
 
     model = load_model(base, dtype=dtype)
     prompts = make_prompts(sizes["prompts"], seed=0)

@@ -1,0 +1,187 @@
+"""Verified (lossless) SBD against greedy NTP decoding of the same model, measured in one run.
+
+    python benchmarks/verify.py                                    # the small-scale SBD model, then SmolLM2
+    python benchmarks/verify.py --skip-smollm2 --valid 100 --test 300
+
+Part 1, the small-scale SBD model (`experiments/small_scale/models/sbd_arith`, trained on worked-step
+addition): for block 4/8/16 x γ, tokens per pass and draft acceptance on validation problems; the
+best (block, γ) is chosen there, then every setting is scored on test problems (the output must equal
+NTP's on every problem), and wall-clock tokens/s of NTP and of each block's best γ are measured at
+batch 1 and 8, beside time(k)/time(1) and time(2k)/time(1) of this model's forward on this machine.
+Part 2, SmolLM2-135M with an untrained mask token (`--mask-token-id`): drafts are poor, so this is the
+floor (~1 token per pass) and the output must still equal NTP's.
+Writes benchmarks/results/verify_<platform>.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+SMOLLM2_PROMPTS = [
+    "Write a short story about a robot who learns to paint.",
+    "Explain how a CPU executes an instruction.",
+    "What is the capital of France?",
+    "Give me three tips for learning a new language.",
+    "Write a Python function that checks whether a number is prime.",
+    "Why is the sky blue?",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "List five fruits that are rich in vitamin C.",
+]
+
+
+def run(model, prompts, setting, max_new_tokens, batch, longest):
+    """Decodes `prompts` `batch` at a time: (generations, seconds of prefill + decode, compile excluded)."""
+    from sbd_jax.decoders import NTPDecoder, SBDDecoder
+    from sbd_jax.sampler import generate
+
+    common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
+    if setting["mode"] == "ntp":
+        decoder, knobs = NTPDecoder(model.config, **common), {}
+    else:
+        decoder = SBDDecoder(model.config, block_size=setting["block_size"], verify=True, **common)
+        knobs = {"gamma": setting["gamma"]}
+    generations, seconds = [], 0.0
+    for start in range(0, len(prompts), batch):
+        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest, **knobs)
+        generations += results
+        seconds += timing.seconds
+    return generations, seconds
+
+
+def summary(generations, reference) -> dict:
+    tokens = sum(len(g.token_ids) for g in generations)
+    drafted = sum(g.drafted for g in generations)
+    return {"tokens": tokens, "nfe": sum(g.nfe for g in generations),
+            "tokens_per_pass": tokens / max(sum(g.nfe for g in generations), 1),
+            "accepted_fraction": sum(g.accepted for g in generations) / max(drafted, 1),
+            "identical_to_ntp": sum(g.token_ids == r.token_ids for g, r in zip(generations, reference)),
+            "n": len(generations)}
+
+
+def arithmetic_part(args) -> dict:
+    import jax
+
+    from experiments.small_scale.arithmetic import problems
+    from experiments.small_scale.evaluate import chat_prompt, forward_cost_ratio
+    from experiments.small_scale.run import FULL
+    from sbd_jax.checkpoints.load import load_model
+
+    loaded = load_model(args.model)
+    model = loaded._replace(params=jax.device_put(loaded.params))
+    # The study's splits: training problems (seed 0), test (seed 1), validation (seed 2), disjoint.
+    seen = frozenset(p.question for p in problems(FULL["train_problems"], FULL["max_digits"], 0))
+    test_all = problems(FULL["test_problems"], FULL["max_digits"], 1, exclude=seen)
+    valid = problems(FULL["valid_problems"], FULL["max_digits"], 2,
+                     exclude=seen | {p.question for p in test_all})[: args.valid]
+    test = test_all[: args.test]
+    prompts = {name: [chat_prompt(loaded.tokenizer, p.question) for p in split]
+               for name, split in (("valid", valid), ("test", test))}
+    longest = max(len(p) for split in prompts.values() for p in split)
+    batch = 64  # accuracy runs: batched, the output does not depend on the batch
+    ntp = {name: run(model, p, {"mode": "ntp"}, FULL["max_new_tokens"], batch, longest)[0]
+           for name, p in prompts.items()}
+    rows = []
+    for k in args.blocks:
+        for gamma in args.gammas:
+            setting = {"mode": "verified", "block_size": k, "gamma": gamma}
+            row = dict(setting)
+            for name, p in prompts.items():
+                generations, _ = run(model, p, setting, FULL["max_new_tokens"], batch, longest)
+                row[name] = summary(generations, ntp[name])
+            rows.append(row)
+            print(f"verified k={k:>2} γ={gamma:g}: valid {row['valid']['tokens_per_pass']:.2f} tokens/pass "
+                  f"(accepted {row['valid']['accepted_fraction']:.0%}), test {row['test']['tokens_per_pass']:.2f}; "
+                  f"identical to NTP on {row['test']['identical_to_ntp']}/{row['test']['n']} test problems",
+                  flush=True)
+    best = {k: max((r for r in rows if r["block_size"] == k), key=lambda r: r["valid"]["tokens_per_pass"])
+            for k in args.blocks}
+    speed_prompts = prompts["test"][: args.speed_problems]
+    speed = []
+    for batch_size in (1, 8):
+        settings = [{"mode": "ntp", "block_size": 1, "gamma": None}]
+        settings += [{"mode": "verified", "block_size": k, "gamma": best[k]["gamma"]} for k in args.blocks]
+        for setting in settings:
+            run(model, speed_prompts[:batch_size], setting, FULL["max_new_tokens"], batch_size, longest)  # compile
+            rates = []
+            for _ in range(args.repeats):
+                generations, seconds = run(model, speed_prompts, setting, FULL["max_new_tokens"], batch_size, longest)
+                rates.append(sum(len(g.token_ids) for g in generations) / seconds)
+            rates.sort()
+            speed.append({**setting, "batch": batch_size, "tokens_per_second": rates[len(rates) // 2]})
+        reference = speed[-len(settings)]["tokens_per_second"]
+        for row in speed[-len(settings):]:
+            row["vs_ntp"] = row["tokens_per_second"] / reference
+            print(f"batch {batch_size} {row['mode']} k={row['block_size']} γ={row['gamma']}: "
+                  f"{row['tokens_per_second']:.0f} tokens/s ({row['vs_ntp']:.2f}x NTP)", flush=True)
+    return {"model": args.model, "valid_problems": len(valid), "test_problems": len(test),
+            "speed_problems": len(speed_prompts), "rows": rows,
+            "best_gamma_by_block": {str(k): r["gamma"] for k, r in best.items()}, "speed": speed,
+            "forward_cost_ratio": {str(k): {"k": forward_cost_ratio(model, k), "2k": forward_cost_ratio(model, 2 * k)}
+                                   for k in args.blocks}}
+
+
+def smollm2_part(args) -> dict:
+    import jax
+
+    from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.tokenizer import encode_prompt
+
+    loaded = load_model("smollm2-135m")
+    model = loaded._replace(params=jax.device_put(loaded.params),
+                            config=loaded.config.replace(mask_token_id=args.smollm2_mask_token_id))
+    prompts = [encode_prompt(loaded.tokenizer, p, chat=True) for p in SMOLLM2_PROMPTS]
+    longest = max(len(p) for p in prompts)
+    began = time.perf_counter()
+    ntp, ntp_seconds = run(model, prompts, {"mode": "ntp"}, args.smollm2_new_tokens, 1, longest)
+    ntp_rate = sum(len(g.token_ids) for g in ntp) / ntp_seconds
+    rows = []
+    for k in args.blocks:
+        setting = {"mode": "verified", "block_size": k, "gamma": 1e9}
+        generations, seconds = run(model, prompts, setting, args.smollm2_new_tokens, 1, longest)
+        row = {**setting, **summary(generations, ntp), "batch": 1,
+               "tokens_per_second": sum(len(g.token_ids) for g in generations) / seconds}
+        row["vs_ntp"] = row["tokens_per_second"] / ntp_rate
+        rows.append(row)
+        print(f"SmolLM2 (untrained mask) verified k={k} γ=1e9: {row['tokens_per_pass']:.2f} tokens/pass, accepted "
+              f"{row['accepted_fraction']:.0%}, identical {row['identical_to_ntp']}/{row['n']}, "
+              f"{row['tokens_per_second']:.1f} tokens/s ({row['vs_ntp']:.2f}x NTP)", flush=True)
+    return {"mask_token_id": args.smollm2_mask_token_id, "prompts": len(prompts), "ntp_tokens_per_second": ntp_rate,
+            "rows": rows, "seconds": time.perf_counter() - began}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
+    parser.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--gammas", type=float, nargs="+", default=[0.0, 0.1, 0.35, 1.0, 1e9])
+    parser.add_argument("--valid", type=int, default=200, help="validation problems (choosing γ)")
+    parser.add_argument("--test", type=int, default=500, help="test problems")
+    parser.add_argument("--speed-problems", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--smollm2-mask-token-id", type=int, default=0)
+    parser.add_argument("--smollm2-new-tokens", type=int, default=48)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    import jax
+
+    result = {"command": "python benchmarks/verify.py " + " ".join(sys.argv[1:]),
+              "device": str(jax.devices()[0]), "arithmetic": arithmetic_part(args)}
+    if not args.skip_smollm2:
+        result["smollm2"] = smollm2_part(args)
+    out = args.out or os.path.join(ROOT, "benchmarks", "results", f"verify_{jax.devices()[0].platform}.json")
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

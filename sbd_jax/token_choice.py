@@ -1,0 +1,86 @@
+"""Token choice for decoding: the distribution tokens are drawn from, the draw, uncertainty scores and
+the Entropy-Bounded reveal rule (SPEC §4). Pure functions over the last (vocabulary) axis."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+PROXIES = ("entropy", "confidence", "margin", "left_to_right")
+
+
+def without_token(logits: jax.Array, token_id: int | None) -> jax.Array:
+    """The logits with `token_id` (the mask token, never a valid output: SPEC §4.4) made impossible."""
+    if token_id is None:
+        return logits
+    return logits.at[..., token_id].set(-jnp.inf)
+
+
+def sampling_logits(logits: jax.Array, temperature: float, top_p: float) -> jax.Array:
+    """Logits of the distribution tokens are drawn from: `logits / T`, -inf outside the top-p nucleus.
+
+    Greedy decoding (T = 0) picks the argmax of the model's own distribution, which is returned as is.
+    """
+    if temperature == 0.0:
+        return logits
+    logits = logits / temperature
+    if top_p < 1.0:
+        sorted_logits = jnp.flip(jnp.sort(logits, axis=-1), axis=-1)
+        cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always survives).
+        cutoff_index = jnp.sum(cumulative < top_p, axis=-1, keepdims=True)
+        cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
+        logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return logits
+
+
+def choose_tokens(logits: jax.Array, rng: jax.Array, temperature: float, top_p: float) -> jax.Array:
+    """Greedy (temperature 0) or temperature sampling restricted to the top-p nucleus, over the last axis."""
+    return draw(sampling_logits(logits, temperature, top_p), rng, temperature)
+
+
+def draw(dist_logits: jax.Array, rng: jax.Array, temperature: float) -> jax.Array:
+    """A token from logits already passed through `sampling_logits`: argmax if greedy, else a sample."""
+    if temperature == 0.0:
+        return jnp.argmax(dist_logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(rng, dist_logits, axis=-1).astype(jnp.int32)
+
+
+def uncertainty(logits: jax.Array, proxy: str) -> jax.Array:
+    """Non-negative uncertainty per position (lower = surer) of the distribution `softmax(logits)`.
+
+    entropy: -sum p log p; confidence: 1 - max p; margin: 1 - (p_top1 - p_top2). Written as
+    reductions over `exp(logits - max)` so the vocabulary is swept as few times as possible.
+    left_to_right (a diagnostic, not an uncertainty): 1 + the position in the block, so γ = 0 reveals
+    the leftmost masked position each pass, the order NTP decoding follows (no score is 0, so γ = 0
+    never reveals a second one).
+    """
+    if proxy == "left_to_right":
+        return jnp.broadcast_to(jnp.arange(1, logits.shape[-2] + 1, dtype=jnp.float32), logits.shape[:-1])
+    shifted = logits.astype(jnp.float32) - jnp.max(logits, axis=-1, keepdims=True).astype(jnp.float32)
+    unnormalised = jnp.exp(shifted)
+    total = jnp.sum(unnormalised, axis=-1)
+    if proxy == "entropy":  # H = log Z - E[shifted]; -inf logits (outside top-p) contribute 0
+        weighted = jnp.sum(jnp.where(unnormalised > 0, unnormalised * shifted, 0.0), axis=-1)
+        return jnp.maximum(jnp.log(total) - weighted / total, 0.0)
+    if proxy == "confidence":
+        return 1.0 - 1.0 / total
+    second = jax.lax.top_k(shifted, 2)[0][..., 1]
+    return 1.0 - (1.0 - jnp.exp(second)) / total
+
+
+def eb_reveal(scores: jax.Array, still_masked: jax.Array, gamma: jax.Array | float) -> jax.Array:
+    """The Entropy-Bounded rule: which still-masked positions of `[..., k]` to reveal now.
+
+    Sort the masked positions by score ascending and reveal the largest s >= 1 of them such that the
+    sum of the s - 1 smallest scores is <= gamma (the last, most uncertain one is not counted).
+    Scores must be >= 0. Rows with nothing masked reveal nothing.
+    """
+    keyed = jnp.where(still_masked, scores, jnp.inf)
+    order = jnp.argsort(keyed, axis=-1)
+    sorted_scores = jnp.take_along_axis(keyed, order, axis=-1)
+    finite = jnp.where(jnp.isfinite(sorted_scores), sorted_scores, 0.0)
+    before = jnp.cumsum(finite, axis=-1) - finite  # sum of the scores sorted ahead of each one
+    reveal_sorted = before <= gamma
+    ranks = jnp.argsort(order, axis=-1)
+    return still_masked & jnp.take_along_axis(reveal_sorted, ranks, axis=-1)

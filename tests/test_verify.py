@@ -1,0 +1,153 @@
+"""Verified SBD (`verify=True`): output identical to greedy NTP, and its accounting against a Python reference."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sbd_jax.decoders import NTPDecoder, SBDDecoder
+from sbd_jax.model import Transformer, init_params
+from sbd_jax.sampler import generate
+from sbd_jax.token_choice import eb_reveal, uncertainty
+from tests.test_decoding import CFG as QWEN2
+
+MASK = 37  # an ordinary vocabulary id: the models were never trained to fill blocks
+CONFIGS = {
+    "llama": QWEN2.replace(model_type="llama", qkv_bias=False, mask_token_id=MASK),
+    "qwen2": QWEN2.replace(mask_token_id=MASK),
+    "qwen3": QWEN2.replace(model_type="qwen3", qkv_bias=False, qk_norm=True, mask_token_id=MASK),
+}
+PROMPTS = [[5, 17, 3], [9, 2, 44, 81, 7, 7, 30, 12, 1], [60], [8, 8, 8, 8, 8]]
+
+
+@functools.lru_cache(maxsize=None)
+def model(name):
+    """Sharpened random weights, so greedy choices have margins and some drafts are right."""
+    cfg = CONFIGS[name]
+    p = init_params(cfg, seed=3)
+    p["embed_tokens"]["embedding"] = p["embed_tokens"]["embedding"] * 50
+    p["lm_head"]["kernel"] = p["lm_head"]["kernel"] * 10
+    return cfg, p
+
+
+@functools.lru_cache(maxsize=None)
+def ntp(name, max_new, eos=()):
+    cfg, params = model(name)
+    return generate(NTPDecoder(cfg, max_new_tokens=max_new, eos_ids=eos), params, PROMPTS)[0]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("k", [1, 3, 4, 16])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 1e9])
+def test_verified_output_equals_greedy_ntp(name, k, gamma):
+    cfg, params = model(name)
+    free = ntp(name, 20)
+    # EOS ids that first appear mid-answer (inside blocks), differently in each row.
+    eos = tuple(sorted({free[0].token_ids[5], free[1].token_ids[9]}))
+    for stop in ((), eos):
+        reference = ntp(name, 20, stop)
+        assert stop == () or any(len(r.token_ids) < 20 for r in reference)
+        results, _ = generate(SBDDecoder(cfg, max_new_tokens=20, block_size=k, verify=True, eos_ids=stop),
+                              params, PROMPTS, gamma=gamma)
+        for ours, expected in zip(results, reference):
+            assert ours.token_ids == expected.token_ids
+            assert 1 <= ours.nfe <= k * len(ours.token_ids)
+            assert ours.accepted <= ours.drafted
+
+
+def _forward(cfg, params, tokens, block):
+    """Uncached logits of `tokens` (causal) followed by `block` positions that see all of it and each other."""
+    n = len(tokens)
+    mask = np.tril(np.ones((n, n), bool))
+    mask[n - block:, n - block:] = True
+    logits, _ = jax.jit(Transformer(cfg).apply)({"params": params}, jnp.asarray([tokens]), jnp.arange(n)[None],
+                                                mask=jnp.asarray(mask))
+    return logits[0].at[:, cfg.mask_token_id].set(-jnp.inf)  # the mask token is never an output
+
+
+def reference_verified(cfg, params, prompt, max_new, k, gamma, eos=()):
+    """Verified SBD written plainly with uncached forwards: (tokens, nfe, drafted, accepted, corrected)."""
+    mask = cfg.mask_token_id
+    committed, pending = list(prompt[:-1]), [prompt[-1]]  # pending: an exact token, then its drafts
+    out, corrected = [], []
+    nfe = drafted = accepted = 0
+    while True:
+        logits = _forward(cfg, params, committed + pending + [mask] * k, k)
+        nfe += 1
+        exact = [int(jnp.argmax(logits[len(committed) + j])) for j in range(len(pending))]
+        drafts = pending[1:]
+        for d in drafts:  # drafts up to and including the first drafted EOS were submitted
+            if d == mask:
+                break
+            drafted += 1
+            if d in eos:
+                break
+        m = 0
+        while m < len(drafts) and drafts[m] == exact[m]:
+            m += 1
+        emitted = drafts[:m] + [exact[m]]
+        for i, token in enumerate(emitted):
+            if len(out) == max_new:
+                return out, nfe, drafted, accepted, corrected
+            out.append(token)
+            corrected.append(i == m and m < len(drafts))
+            accepted += i < m
+            if token in eos:
+                return out, nfe, drafted, accepted, corrected
+        if len(out) == max_new:
+            return out, nfe, drafted, accepted, corrected
+        committed += pending[: m + 1]
+        if m < len(drafts):
+            pending = [exact[m]]
+            continue
+        block = [exact[m]] + [mask] * (k - 1)
+        block_logits = logits[-k:]
+        budget = max_new - len(out) + 1
+
+        def undecided():
+            eos_at = min([i for i, t in enumerate(block) if t in eos] + [k])
+            return [i for i in range(k) if block[i] == mask and i < eos_at and i < budget]
+
+        todo = undecided()
+        while todo:  # EB on the first pass's block logits, then refine passes over the cache
+            now = np.asarray(eb_reveal(uncertainty(block_logits, "entropy"),
+                                       jnp.asarray([i in todo for i in range(k)]), gamma))
+            for i in np.flatnonzero(now):
+                block[i] = int(jnp.argmax(block_logits[i]))
+            todo = undecided()
+            if todo:
+                block_logits = _forward(cfg, params, committed + block, k)[-k:]
+                nfe += 1
+        pending = block
+
+
+def trained_arithmetic_model():
+    """The small-scale study's shipped SBD model, whose drafts are mostly right."""
+    from sbd_jax.checkpoints.load import load_model
+    from experiments.small_scale.evaluate import chat_prompt
+
+    loaded = load_model("experiments/small_scale/models/sbd_arith")
+    prompts = [chat_prompt(loaded.tokenizer, q) for q in ("c5b7a2+b8a6", "a9+a9", "e1d2c3b4a5+d9c9b9a9", "b4a0+c1b1a1")]
+    return loaded.config, jax.device_put(loaded.params), prompts
+
+
+@pytest.mark.parametrize("which", ["random", "trained"])
+@pytest.mark.parametrize("k, gamma", [(4, 0.5), (8, 1e9)])
+def test_accounting_equals_the_python_reference(which, k, gamma):
+    if which == "random":
+        cfg, params = model("llama")
+        prompts, eos = PROMPTS[:3], ()
+    else:
+        cfg, params, prompts = trained_arithmetic_model()
+        eos = cfg.eos_token_ids
+    results, _ = generate(SBDDecoder(cfg, max_new_tokens=40, block_size=k, verify=True, eos_ids=eos), params,
+                          prompts, gamma=gamma)
+    expected, _ = generate(NTPDecoder(cfg, max_new_tokens=40, eos_ids=eos), params, prompts)
+    for prompt, ours, ntp_result in zip(prompts, results, expected):
+        tokens, nfe, drafted, accepted, corrected = reference_verified(cfg, params, prompt, 40, k, gamma, eos)
+        assert ours.token_ids == tokens == ntp_result.token_ids
+        assert (ours.nfe, ours.drafted, ours.accepted, ours.corrected) == (nfe, drafted, accepted, corrected)
+    if which == "trained":  # right drafts: well over one token per pass, identical output
+        assert sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results) > 2
