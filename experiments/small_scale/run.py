@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 from experiments.small_scale.config import get_config, stable_steps  # noqa: E402
 
-FULL = dict(ntp_steps=1200, scratch_steps=600, budgets=(600, 2400, 6000), batch_size=16, seq_len=128,
+FULL = dict(ntp_steps=1200, scratch_steps=600, budgets=(600, 1200, 2400), batch_size=16, seq_len=128,
             train_problems=40000, valid_problems=500, test_problems=2000, max_digits=5, code_chars=500_000,
             heldout_code_chars=100_000, max_new_tokens=72, block_sizes=(4, 8, 16),
             gammas=(0.0, 0.1, 0.35, 0.6, 1.0), speed_problems=64, speed_repeats=3)
