@@ -51,7 +51,9 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     env = dict(os.environ, XLA_FLAGS="", OUT=str(tmp_path))
     subprocess.run(["bash", os.path.join(ROOT, "recipes", "smollm2_sbd", "gpu.sh"), "--smoke"], check=True,
                    env=env, cwd=ROOT, timeout=900)
-    assert sorted(os.listdir(tmp_path)) == ["results.json", "results.md", "run.json"]
+    assert sorted(os.listdir(tmp_path)) == ["recipe_log.txt", "recipe_preflight.json", "results.json", "results.md",
+                                            "run.json"]
+    assert "recipe: exit 0" in (tmp_path / "recipe_log.txt").read_text()
     rows = json.load(open(tmp_path / "results.json"))["rows"]
     assert [(r["model"], r["mode"]) for r in rows] == [("base", "ntp"), ("sbd-tuned", "ntp"), ("sbd-tuned", "sbd")]
     base, tuned, sbd = rows
@@ -62,3 +64,14 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     assert all(r["humaneval_problems"] == 2 and 0 <= r["humaneval_pass_at_1"] <= 1 for r in rows)
     run = json.load(open(tmp_path / "run.json"))
     assert set(run["loss_last_tenth"]) == {"ntp_loss", "matp_loss"} and run["sizes"]["steps"] == 2
+
+
+@requires_smollm2
+def test_gpu_script_returns_its_log_and_preflight_when_cut_short(tmp_path):
+    env = dict(os.environ, XLA_FLAGS="", OUT=str(tmp_path))
+    script = os.path.join(ROOT, "recipes", "smollm2_sbd", "gpu.sh")
+    proc = subprocess.run(["timeout", "--kill-after=2", "25", "bash", script, "--smoke"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode in (124, 137)  # cut short
+    assert json.load(open(tmp_path / "recipe_preflight.json"))["tiny_layer"]["finite"]
+    assert (tmp_path / "recipe_log.txt").stat().st_size > 0  # the log was teed into $OUT as it ran

