@@ -74,6 +74,7 @@ def test_sample_json_on_smollm2_and_too_long_prompt():
     (["--block-size", "0"], "block_size=0 must be >= 1"),
     (["--proxy", "vibes"], "unknown proxy 'vibes'"),
     (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
+    (["--verify", "--temperature", "0.7"], "verify needs greedy decoding"),
 ])
 def test_sample_bad_sbd_options(flags, message):
     assert_one_line_error(run("sample.py", "--prompt", "hi", "--mode", "sbd", *flags), message)
@@ -101,3 +102,25 @@ def test_sample_sbd_on_smollm2(tmp_path):
         assert 0 < row["nfe"] and row["tokens_per_pass"] == row["new_tokens"] / row["nfe"]
     shown = run(*common, "--mask-token-id", "4", "--show-passes")
     assert shown.returncode == 0 and "\x1b[3" in shown.stdout and "mean" in shown.stdout
+
+
+def test_verify_needs_sbd_mode():
+    assert_one_line_error(run("sample.py", "--prompt", "hi", "--verify"), "--verify checks SBD's drafts",
+                          "--mode sbd")
+
+
+def test_sample_verify_prints_exactly_the_ntp_text_of_the_shipped_model():
+    """The shipped small-scale SBD model: verified SBD writes NTP's text, in fewer passes."""
+    model = os.path.join("experiments", "small_scale", "models", "sbd_arith")
+    common = ["sample.py", "--model", model, "--chat", "--prompt", "c5b7a2+b8a6", "--prompt", "d1c0b9a9+a1",
+              "--max-new-tokens", "72", "--json"]
+    ntp = [json.loads(line) for line in run(*common).stdout.strip().splitlines()]
+    proc = run(*common, "--mode", "sbd", "--verify", "--gamma", "1e9", "--block-size", "8")
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.strip().splitlines()]
+    for verified, reference in zip(rows, ntp):
+        assert verified["token_ids"] == reference["token_ids"] and verified["verify"]
+        assert verified["nfe"] < reference["nfe"] and 0 <= verified["accepted_fraction"] <= 1
+        assert len(verified["corrected"]) == verified["new_tokens"]
+    shown = run(*common[:-1], "--mode", "sbd", "--verify", "--show-passes")
+    assert shown.returncode == 0 and "\x1b[" in shown.stdout and "mean" in shown.stdout

@@ -11,6 +11,7 @@ from sbd_jax.decoders import NTPDecoder, SBDDecoder
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
 from sbd_jax.token_choice import eb_reveal, uncertainty
+from tests.conftest import requires_smollm2
 from tests.test_decoding import CFG as QWEN2
 
 MASK = 37  # an ordinary vocabulary id: the models were never trained to fill blocks
@@ -151,3 +152,24 @@ def test_accounting_equals_the_python_reference(which, k, gamma):
         assert (ours.nfe, ours.drafted, ours.accepted, ours.corrected) == (nfe, drafted, accepted, corrected)
     if which == "trained":  # right drafts: well over one token per pass, identical output
         assert sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results) > 2
+
+
+@requires_smollm2
+@pytest.mark.real_model
+def test_verified_smollm2_with_an_untrained_mask_token_equals_ntp():
+    """Drafts of a model never trained to fill blocks are mostly wrong: rejections everywhere, same text."""
+    from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.tokenizer import encode_prompt
+    from tests.test_real_smollm2 import CHAT_PROMPTS
+
+    loaded = load_model("smollm2-135m")
+    cfg = loaded.config.replace(mask_token_id=4)
+    params = jax.device_put(loaded.params)
+    prompts = [encode_prompt(loaded.tokenizer, p, chat=True) for p in CHAT_PROMPTS[:3]]
+    common = dict(max_new_tokens=40, eos_ids=cfg.eos_token_ids)
+    expected, _ = generate(NTPDecoder(cfg, **common), params, prompts)
+    for k, gamma in ((4, 1e9), (16, 0.5)):
+        results, _ = generate(SBDDecoder(cfg, block_size=k, verify=True, **common), params, prompts, gamma=gamma)
+        for ours, reference in zip(results, expected):
+            assert ours.token_ids == reference.token_ids
+        assert sum(r.drafted - r.accepted for r in results) > 0  # rejections happened
