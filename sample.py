@@ -33,7 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=float, default=0.35, help="SBD: entropy budget per pass (0 = one token)")
     p.add_argument("--block-size", type=int, default=16, help="SBD: tokens per block")
-    p.add_argument("--proxy", default="entropy", help="SBD: uncertainty score: entropy, confidence or margin (left_to_right: a diagnostic order)")
+    p.add_argument("--proxy", default="entropy",
+                   help="SBD: uncertainty score: entropy, confidence or margin (left_to_right: a diagnostic order)")
     p.add_argument("--verify", action="store_true",
                    help="SBD: verify every drafted block with the causal pass that commits it, so the output "
                    "is exactly greedy NTP's (temperature 0 only); gamma then only sets the speed")
@@ -121,7 +122,8 @@ def main(argv: list[str]) -> None:
             print(generated)
         if not args.json and len(texts) == 1:
             accepted = f", {result.accepted_fraction:.0%} of drafts accepted" if args.verify else ""
-            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({n / max(result.nfe, 1):.2f} tokens/pass{accepted}); "
+            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({n / max(result.nfe, 1):.2f} tokens/pass"
+                  f"{accepted}); "
                   f"prefill {timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "
                   f"compile {timing.compile_seconds:.1f}s]")
     if not args.json and len(texts) > 1:

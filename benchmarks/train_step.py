@@ -58,7 +58,6 @@ def model_configs(names):
 def step_report(name, config, batch_size, seq_len, repeats) -> dict:
     import jax
     import jax.numpy as jnp
-    import ml_collections
     import numpy as np
 
     from sbd_jax.model import Transformer, init_params
@@ -66,8 +65,10 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
     from sbd_jax.trainer import TrainState, make_optimizer, train_step
 
     config = config.replace(mask_token_id=config.vocab_size - 1)
-    opt = ml_collections.ConfigDict(dict(lr=1e-4, warmup_steps=1, final_lr_ratio=0.1, b1=0.9, b2=0.95,
-                                         eps=1e-8, weight_decay=0.1, clip_norm=1.0))
+    from configs.base import get_base
+
+    opt = get_base().optimizer
+    opt.lr, opt.warmup_steps = 1e-4, 1
     tx, schedule = make_optimizer(opt, 1000)
     params = jax.device_get(init_params(config))  # host copy: each timed state is donated away
     tokens = np.random.RandomState(0).randint(0, config.vocab_size - 1, (batch_size, seq_len)).astype(np.int32)

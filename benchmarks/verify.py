@@ -24,17 +24,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-SMOLLM2_PROMPTS = [
-    "Write a short story about a robot who learns to paint.",
-    "Explain how a CPU executes an instruction.",
-    "What is the capital of France?",
-    "Give me three tips for learning a new language.",
-    "Write a Python function that checks whether a number is prime.",
-    "Why is the sky blue?",
-    "Summarize the plot of Romeo and Juliet in two sentences.",
-    "List five fruits that are rich in vitamin C.",
-]
+from decode import PROMPTS as SMOLLM2_PROMPTS  # noqa: E402
 
 
 def run(model, prompts, setting, max_new_tokens, batch, longest):

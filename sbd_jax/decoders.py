@@ -301,8 +301,9 @@ class SBDDecoder(Decoder):
             new_block = jnp.full((batch, k), mask_id, jnp.int32)
             _, logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count, new_block)
             cache = append(s.cache, kv.k, kv.v, s.pending_count)
-            filled = self.fill_block(params, cache, new_block, logits, live, jnp.full((batch,), self.max_new_tokens - offset),
-                                     gamma, s.nfe + live, jax.random.fold_in(rng, s.index))
+            budget = jnp.full((batch,), self.max_new_tokens - offset)
+            filled = self.fill_block(params, cache, new_block, logits, live, budget, gamma, s.nfe + live,
+                                     jax.random.fold_in(rng, s.index))
             block = filled.block
             kept, ended = kept_through_eos(self._is_eos(block),
                                            jnp.where(live, jnp.minimum(k, self.max_new_tokens - offset), 0))

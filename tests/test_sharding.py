@@ -4,11 +4,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from configs.base import get_base
 from sbd_jax import sharding
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
@@ -22,8 +22,8 @@ def test_there_are_eight_devices():
 
 
 def _setup(grad_accum=1):
-    opt = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=2, final_lr_ratio=0.1, b1=0.9, b2=0.95, eps=1e-8,
-                                         weight_decay=0.1, clip_norm=1.0))
+    opt = get_base().optimizer
+    opt.lr, opt.warmup_steps = 1e-3, 2
     tx, schedule = make_optimizer(opt, 10)
     cfg = CFG.replace(vocab_size=64, mask_token_id=63, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16)
     params = init_params(cfg, seed=0)

@@ -61,9 +61,9 @@ def test_smoke_run_writes_every_result(tmp_path):
     sizes = results["sizes"]
     entries = [e for e in results["entries"] if e["split"] != "speed"]
     grid = len(sizes["block_sizes"]) * len(sizes["gammas"])
-    # NTP decoding of the five models; the diagnostic of the four SBD ones; the grid for the two
-    # fine-tunes, the largest block only for the two from-scratch rows; each on validation and test.
-    assert len(entries) == 2 * (5 + 4 + 2 * grid + 2 * len(sizes["gammas"]))
+    # NTP decoding of the five models; the diagnostic of the four SBD ones; the whole grid for the
+    # headline fine-tune, the largest block only for the other three; each on validation and test.
+    assert len(entries) == 2 * (5 + 4 + grid + 3 * len(sizes["gammas"]))
     for e in results["entries"]:
         assert {"model", "mode", "block_size", "gamma", "split", "n", "accuracy", "accuracy_final_number",
                 "ci95", "tokens_per_pass", "tokens_per_second", "batch"} <= e.keys() or e["split"] == "speed"

@@ -1,7 +1,7 @@
 """Small-scale evidence for SBD on a CPU: tiny models trained on the same data, evaluated side by side.
 
-    python experiments/small_scale/run.py               # ~2 h on 2 CPU cores; writes results.{json,md}, *.png here
-    python experiments/small_scale/run.py --train-only  # the training part (resumable), ~75 min
+    python experiments/small_scale/run.py               # ~1.5 h on 2 CPU cores; writes results.{json,md}, *.png here
+    python experiments/small_scale/run.py --train-only  # the training part (resumable), ~45 min
     python experiments/small_scale/run.py --smoke       # about a minute: the same pipeline on toy sizes (tests run it)
 
 Trains an NTP-only model on worked-step addition chats + standard-library code, then fine-tunes it
@@ -73,6 +73,10 @@ def train(name: str, variant: str, steps: int, sizes: dict, corpus, tokenizer_di
     return Trained(name, trainer.config, jax.device_get(trainer.state.params), trainer.tokenizer), curve, seconds
 
 
+def headline_name(sizes: dict) -> str:
+    return f"ft_{max(sizes['budgets'])}"
+
+
 def evaluate_entries(models: dict, corpus, sizes: dict, cache_path: str) -> list[dict]:
     """One entry per model x decoding setting x split (validation, test); cached in `cache_path`, so an
     interrupted evaluation resumes."""
@@ -82,8 +86,8 @@ def evaluate_entries(models: dict, corpus, sizes: dict, cache_path: str) -> list
     splits = {"valid": corpus.valid_problems, "test": corpus.test_problems}
     entries = []
     for name, model in models.items():
-        scratch = name in ("sbd", "sbd_no_ntp")  # smaller rows: block 16 only
-        blocks = (max(sizes["block_sizes"]),) if scratch else sizes["block_sizes"]
+        # Every block size for the headline model (the largest fine-tuning budget), the largest for the rest.
+        blocks = sizes["block_sizes"] if name == headline_name(sizes) else (max(sizes["block_sizes"]),)
         for setting in ev.settings(model, blocks, sizes["gammas"], max(sizes["block_sizes"])):
             for split, problems in splits.items():
                 key = f"{name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}"
@@ -142,7 +146,7 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
                       "code": ev.heldout_ntp_loss(m, corpus.heldout_files[1:], sizes["seq_len"])}
                for name, m in models.items()}
     entries = evaluate_entries(models, corpus, sizes, os.path.join(args.workdir, "entries.json"))
-    headline = f"ft_{max(sizes['budgets'])}"
+    headline = headline_name(sizes)
     entries += speed_entries(models[headline], headline, entries, corpus, sizes)
     results = {
         "command": "python experiments/small_scale/run.py" + (" --smoke" if args.smoke else ""),
