@@ -82,8 +82,8 @@ def diagnostic_rows(results: dict) -> list[str]:
 
 def speed_rows(results: dict) -> list[str]:
     speed = [e for e in results["entries"] if e["split"] == "speed"]
-    out = [_row("batch", "mode", "block", "γ", "tokens/s", "vs NTP", "tokens / pass (test)", "time(k)/time(1)"),
-           _row(*["---"] * 8)]
+    out = [_row("batch", "mode", "block", "γ", "decoding tokens/s", "vs NTP", "with prefill", "vs NTP",
+                "tokens / pass (test)", "time(k)/time(1)"), _row(*["---"] * 10)]
     tests = [e for e in results["entries"] if e["split"] == "test" and e["model"] == results["headline_model"]]
     for e in speed:
         ntp = one(speed, batch=e["batch"], mode="ntp")
@@ -91,6 +91,8 @@ def speed_rows(results: dict) -> list[str]:
                                                       gamma=e["gamma"])["tokens_per_pass"]
         out.append(_row(e["batch"], e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"],
                         f"{e['tokens_per_second']:.0f}", f"{e['tokens_per_second'] / ntp['tokens_per_second']:.2f}×",
+                        f"{e['tokens_per_second_with_prefill']:.0f}",
+                        f"{e['tokens_per_second_with_prefill'] / ntp['tokens_per_second_with_prefill']:.2f}×",
                         f"{per_pass:.2f}", f"{e['forward_cost_ratio']:.2f}"))
     return out
 

@@ -121,13 +121,15 @@ def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) ->
     out = []
     for batch in (1, 8):
         for setting in chosen:
-            rate = ev.tokens_per_second(model, setting, problems, sizes["max_new_tokens"], batch,
-                                        sizes["speed_repeats"])
+            rate, with_prefill = ev.tokens_per_second(model, setting, problems, sizes["max_new_tokens"], batch,
+                                                      sizes["speed_repeats"])
             cost = ev.forward_cost_ratio(model, setting["block_size"]) if setting["mode"] == "sbd" else 1.0
             out.append({"model": name, **setting, "split": "speed", "n": len(problems), "batch": batch,
-                        "tokens_per_second": rate, "forward_cost_ratio": cost})
+                        "tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill,
+                        "forward_cost_ratio": cost})
             print(f"speed {name} batch {batch} {setting['mode']} k={setting['block_size']} γ={setting['gamma']}: "
-                  f"{rate:.0f} tokens/s, time(k)/time(1) {cost:.2f}", flush=True)
+                  f"decoding {rate:.0f} tokens/s ({with_prefill:.0f} with prefill), time(k)/time(1) {cost:.2f}",
+                  flush=True)
     return out
 
 
