@@ -55,35 +55,41 @@ def model_configs(names):
             yield name, load_model("smollm2-135m", with_tokenizer=False).config.replace(vocab_size=49153)
 
 
-def step_report(name, config, batch_size, seq_len, repeats) -> dict:
+def compiled_step(config, objective: str, batch_size: int, seq_len: int):
+    """(compiled step, its arguments) of one objective on random weights and tokens, state donated."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    from configs.base import get_base
     from sbd_jax.model import Transformer, init_params
     from sbd_jax.objective import Batch
     from sbd_jax.trainer import TrainState, make_optimizer, train_step
 
     config = config.replace(mask_token_id=config.vocab_size - 1)
-    from configs.base import get_base
-
     opt = get_base().optimizer
     opt.lr, opt.warmup_steps = 1e-4, 1
     tx, schedule = make_optimizer(opt, 1000)
-    params = jax.device_get(init_params(config))  # host copy: each timed state is donated away
+    params = init_params(config)
     tokens = np.random.RandomState(0).randint(0, config.vocab_size - 1, (batch_size, seq_len)).astype(np.int32)
     batch = Batch(jnp.asarray(tokens), jnp.ones_like(tokens), jnp.asarray(np.arange(seq_len)[None].repeat(batch_size, 0)),
                   jnp.ones(tokens.shape, bool))
-    row = {"shape": name, "batch": batch_size, "seq_len": seq_len, "params_million":
-           sum(x.size for x in jax.tree.leaves(params)) / 1e6}
+    step = functools.partial(train_step, model=Transformer(config), tx=tx, schedule=schedule,
+                             objective=objective, block_size=16, mask_id=config.mask_token_id,
+                             weights=(1.0, 1.0), eta_range=(0.0, 1.0), grad_accum=1)
+    state = TrainState(jnp.int32(0), params, tx.init(params))
+    compiled = jax.jit(step, donate_argnums=(0,)).lower(state, batch, jax.random.key(0)).compile()
+    return compiled, (state, batch, jax.random.key(0))
+
+
+def step_report(name, config, batch_size, seq_len, repeats) -> dict:
+    import jax
+
+    row = {"shape": name, "batch": batch_size, "seq_len": seq_len}
     for objective in ("ntp", "sbd"):
-        step = functools.partial(train_step, model=Transformer(config), tx=tx, schedule=schedule,
-                                 objective=objective, block_size=16, mask_id=config.mask_token_id,
-                                 weights=(1.0, 1.0), eta_range=(0.0, 1.0), grad_accum=1)
-        fresh = jax.device_put(params)
-        state = TrainState(jnp.int32(0), fresh, tx.init(fresh))
-        compiled = jax.jit(step, donate_argnums=(0,)).lower(state, batch, jax.random.key(0)).compile()
-        seconds = time_compiled(compiled, (state, batch, jax.random.key(0)), repeats, donate=True)
+        compiled, args = compiled_step(config, objective, batch_size, seq_len)
+        row["params_million"] = sum(x.size for x in jax.tree.leaves(args[0].params)) / 1e6
+        seconds = time_compiled(compiled, args, repeats, donate=True)
         row[f"{objective}_step_s"] = seconds
         row[f"{objective}_tokens_per_s"] = batch_size * seq_len / seconds
         row[f"{objective}_memory_gib"] = compiled_memory_gib(compiled)

@@ -1,6 +1,8 @@
-"""Training data: local JSONL (`text` or chat `messages`) and plain text files -> packed Grain batches.
+"""Training data: local JSONL (`text`, chat `messages`, or `prompt` + `completion`) and plain text files
+-> packed Grain batches.
 
-Documents are tokenized (chat through the model's template, loss on assistant tokens only), packed
+Documents are tokenized (chat through the model's template, loss on assistant tokens only; a prompt
+as raw text, loss on its completion only), packed
 best-fit into fixed-length rows with segment ids and per-document positions, then served by a Grain
 `MapDataset`: deterministic shuffle, sharded per host, and an iterator whose state is checkpointed.
 """
@@ -48,7 +50,8 @@ def expand_paths(patterns: Sequence[str]) -> list[str]:
 
 
 def read_records(path: str) -> Iterator[dict[str, Any]]:
-    """Records of one file: each JSONL line (`text` or `messages`), or a whole text file as one `text`."""
+    """Records of one file: each JSONL line (`text`, `messages`, or `prompt` + `completion`), or a whole
+    text file as one `text`."""
     if not path.endswith((".jsonl", ".json")):
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -60,20 +63,26 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
         ok_chat = isinstance(record, dict) and isinstance(record.get("messages"), list) and all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in record["messages"])
-        if not (ok_text or ok_chat):
-            raise UserError(f'{path}:{number}: expected {{"text": "..."}} or {{"messages": [{{"role": ..., '
-                            f'"content": ...}}, ...]}}')
+        ok_completion = isinstance(record, dict) and all(isinstance(record.get(k), str) and record[k]
+                                                         for k in ("prompt", "completion"))
+        if not (ok_text or ok_chat or ok_completion):
+            raise UserError(f'{path}:{number}: expected {{"text": "..."}}, {{"messages": [{{"role": ..., '
+                            f'"content": ...}}, ...]}} or {{"prompt": "...", "completion": "..."}} (both non-empty)')
         yield record
 
 
 def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
-    """Token ids and loss mask: every token of plain text; only assistant turns of a chat."""
+    """Token ids and loss mask: every token of plain text; only assistant turns of a chat; only the
+    completion of a prompt. Text and completions end with EOS, so models learn to stop."""
+    end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     if "text" in record:
-        ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"]
-        eos = tokenizer.eos_token_id
-        if eos is not None:
-            ids = ids + [eos]  # documents end with EOS, so models learn to stop
+        ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"] + end
         return Document(ids, [True] * len(ids))
+    if "prompt" in record:
+        # Tokenized apart, as `sample.py --prompt` (without --chat) tokenizes a prompt at decoding time.
+        prompt = tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]
+        completion = tokenizer(record["completion"], add_special_tokens=False)["input_ids"] + end
+        return Document(prompt + completion, [False] * len(prompt) + [True] * len(completion))
     messages = record["messages"]
     ids: list[int] = []
     loss: list[bool] = []

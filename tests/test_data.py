@@ -49,3 +49,40 @@ def test_documents_that_fit_are_never_split_and_every_token_is_packed_once():
 def test_a_document_that_does_not_fit_the_rest_of_a_row_opens_another():
     packed = pack(docs([10, 10, 6]), 16)
     assert packed.segment_ids.tolist() == [[1] * 10 + [2] * 6, [1] * 10 + [0] * 6]
+
+
+def char_tokenizer(tmp_path):
+    from experiments.small_scale.char_tokenizer import save_char_tokenizer
+    from sbd_jax.tokenizer import load_tokenizer
+
+    return load_tokenizer(save_char_tokenizer(str(tmp_path / "tok")))
+
+
+def test_prompt_completion_records_carry_loss_on_the_completion_and_its_eos_only(tmp_path):
+    import json
+
+    from sbd_jax.data import read_records, tokenize
+    from sbd_jax.tokenizer import encode_prompt
+
+    tok = char_tokenizer(tmp_path)
+    path = tmp_path / "pc.jsonl"
+    path.write_text(json.dumps({"prompt": "a1+b2=", "completion": "x9"}) + "\n")
+    (record,) = read_records(str(path))
+    doc = tokenize(record, tok)
+    prompt_ids = encode_prompt(tok, "a1+b2=", chat=False)  # what decoding feeds the model
+    assert doc.ids == prompt_ids + tok("x9", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert doc.loss_mask == [False] * len(prompt_ids) + [True] * 3
+
+
+def test_a_record_with_an_empty_completion_is_refused_with_the_accepted_formats(tmp_path):
+    import json
+
+    import pytest
+
+    from sbd_jax.data import read_records
+    from sbd_jax.errors import UserError
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"prompt": "a1+b2=", "completion": ""}) + "\n")
+    with pytest.raises(UserError, match=r"bad.jsonl:1: .*\"prompt\": \"...\", \"completion\": \"...\"\} \(both non-empty\)"):
+        list(read_records(str(path)))

@@ -8,7 +8,7 @@ decoding and for SBD decoding over a (block size, γ) grid, wall-clock tokens/s.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -96,11 +96,19 @@ def paired_difference(a: Sequence[bool], b: Sequence[bool], z: float = 1.96) -> 
             "only_first_right": int((d > 0).sum()), "only_second_right": int((d < 0).sum())}
 
 
-def arithmetic_metrics(model: Trained, setting: dict, test: Sequence[Problem], max_new_tokens: int) -> dict:
+Prompt = Callable[[Any, str], list[int]]  # (tokenizer, question) -> token ids the answer follows
+
+
+def arithmetic_metrics(model: Trained, setting: dict, test: Sequence[Problem], max_new_tokens: int,
+                       prompt: Prompt = chat_prompt, batch_size: int = 0) -> dict:
     """Whole-answer exact match (the worked steps and the result, as the model should write them),
-    final-number match, both by answer length (steps), and tokens per pass."""
-    prompts = [chat_prompt(model.tokenizer, p.question) for p in test]
-    results, _ = decode(model, setting, prompts, max_new_tokens)
+    final-number match, both by answer length (steps), and tokens per pass (with verified SBD, the
+    fraction of drafted tokens accepted). Decoded in batches of `batch_size` (0: all at once)."""
+    prompts = [prompt(model.tokenizer, p.question) for p in test]
+    step = batch_size or len(prompts)
+    longest = max(len(p) for p in prompts)  # one compiled prompt shape for every batch
+    results = [r for start in range(0, len(prompts), step)
+               for r in decode(model, setting, prompts[start: start + step], max_new_tokens, longest)[0]]
     texts = [model.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in results]
     whole = np.array([t == p.answer for t, p in zip(texts, test)])
     final = np.array([final_result(t) == p.result for t, p in zip(texts, test)])
@@ -108,16 +116,17 @@ def arithmetic_metrics(model: Trained, setting: dict, test: Sequence[Problem], m
     return {"n": len(test), "accuracy": float(whole.mean()), "ci95": wilson(int(whole.sum()), len(test)),
             "accuracy_final_number": float(final.mean()), "tokens_per_pass": tokens_per_pass(results),
             "accuracy_by_steps": {int(s): float(whole[steps == s].mean()) for s in np.unique(steps)},
+            "accepted_fraction": sum(r.accepted for r in results) / max(sum(r.drafted for r in results), 1),
             "correct": "".join("1" if c else "0" for c in whole),
             "examples": [{"question": p.question, "output": t} for p, t in list(zip(test, texts))[:3]]}
 
 
 def tokens_per_second(model: Trained, setting: dict, test: Sequence[Problem], max_new_tokens: int, batch: int,
-                      repeats: int) -> tuple[float, float]:
+                      repeats: int, prompt: Prompt = chat_prompt) -> tuple[float, float]:
     """Generated tokens per second of decoding the problems in batches of `batch`, compile excluded (every
     batch is padded to one compiled shape): (decoding alone, what SBD changes; with the prompts' prefill,
     which both modes share), the run with the median decoding rate of `repeats`."""
-    prompts = [chat_prompt(model.tokenizer, p.question) for p in test]
+    prompts = [prompt(model.tokenizer, p.question) for p in test]
     longest = max(len(p) for p in prompts)
     rates = []
     for _ in range(repeats):
