@@ -1,6 +1,6 @@
 """What makes an SBD training step of SmolLM2-135M fastest on this CPU, before a CPU budget is spent on it.
 
-    python benchmarks/cpu_train_levers.py [--repeats 3]
+    python benchmarks/cpu_train_levers.py [--repeats 3] [--levers baseline remat_dots ...]
 
 One row per lever, each against the same baseline (float32, batch 8 x L = 128, no remat, unrolled
 layers, attention `auto`): remat policies, scanned layers, the batch / sequence-length split of the
@@ -9,7 +9,9 @@ them at start-up). Every row: median SBD step seconds, tokens/s (L real tokens a
 per step from the compiled cost analysis against 6 N tokens x 2 (the 2L layout), and achieved FLOP/s
 as a fraction of this CPU's measured peak (a 2048^3 float32 matmul). The NTP step of the baseline is
 timed too (SBD/NTP). Random weights: timing does not depend on them.
-Writes benchmarks/results/cpu_train_levers.json.
+Writes benchmarks/results/cpu_train_levers.json; with --levers, measures only those rows and the
+baseline again and stores them, with their own ratios, under "remeasured" in the existing file (e.g.
+rows of a run that shared the CPU with another job): rows are only compared within one run.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def measure(lever: dict, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--levers", nargs="+", default=None, choices=[*LEVERS, *FLAG_SETS],
+                        help="measure only these rows (and the baseline) again, kept apart in the results file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # the baseline, for a flag set
     args = parser.parse_args()
     if args.child:
@@ -72,12 +76,18 @@ def main() -> None:
 
     from forward_cost import measured_cpu
 
-    peak = measured_cpu(4).peak_flops
+    out = os.path.join(ROOT, "benchmarks", "results", "cpu_train_levers.json")
+    wanted = set(args.levers or [*LEVERS, *FLAG_SETS]) | {"baseline"}
     rows = {}
+    peak = measured_cpu(4).peak_flops
     for name, lever in LEVERS.items():
+        if name not in wanted:
+            continue
         rows[name] = measure(lever, args.repeats)
         print(name, json.dumps(rows[name]), flush=True)
     for name, flags in FLAG_SETS.items():
+        if name not in wanted:
+            continue
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + flags).strip())
         out = subprocess.run([sys.executable, __file__, "--child", "--repeats", str(args.repeats)],
                              env=env, capture_output=True, text=True, check=True)
@@ -88,14 +98,19 @@ def main() -> None:
         row["speedup_vs_baseline"] = base / row["step_s"] * (row["batch"] * row["seq_len"]) / (
             BASE["batch"] * BASE["seq_len"])  # per token, so batch/length rows compare fairly
         row["fraction_of_peak"] = row["achieved_flops_per_s"] / peak
-    result = {"device": str(jax.devices()[0]), "cpu_count": os.cpu_count(), "jax": jax.__version__,
-              "measured_peak_flops_per_s": peak, "sbd_over_ntp_time": base / rows["ntp_step"]["step_s"],
-              "command": "python benchmarks/cpu_train_levers.py --repeats %d" % args.repeats, "levers": rows}
+    command = f"python benchmarks/cpu_train_levers.py --repeats {args.repeats}"
+    if args.levers:
+        result = json.load(open(out))
+        result["remeasured"] = {"command": command + " --levers " + " ".join(args.levers),
+                                "measured_peak_flops_per_s": peak, "levers": rows}
+    else:
+        result = {"device": str(jax.devices()[0]), "cpu_count": os.cpu_count(), "jax": jax.__version__,
+                  "measured_peak_flops_per_s": peak, "sbd_over_ntp_time": base / rows["ntp_step"]["step_s"],
+                  "command": command, "levers": rows}
     for name, row in rows.items():
         print(f"{name:>26}: {row['step_s']:6.2f} s/step, {row['tokens_per_s']:5.0f} tokens/s, "
               f"{row['speedup_vs_baseline']:.2f}x baseline per token, {row['fraction_of_peak']:.0%} of peak "
               f"(XLA FLOPs / 6N·tokens·layout {row['xla_flops'] / row['six_n_tokens_flops']:.2f})")
-    out = os.path.join(ROOT, "benchmarks", "results", "cpu_train_levers.json")
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"peak {peak / 1e9:.0f} GFLOP/s; SBD/NTP step {result['sbd_over_ntp_time']:.2f}x; wrote {out}")

@@ -31,10 +31,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 FULL = dict(train_problems=20000, valid_problems=200, test_problems=1000, max_digits=5, seq_len=128, batch=8,
             stage1_steps=250, stage2_steps=300, lr=3e-4, warmup=20, max_new_tokens=72, eval_batch=100,
-            block_sizes=(4, 8, 16), gammas=(0.0, 0.1, 0.35, 0.6, 1.0), verify_gamma=1e9, speed_problems=16)
+            block_sizes=(4, 8, 16), gammas=(0.0, 0.1, 0.35, 0.6, 1.0), verify_gamma=1e9, verify_problems=200,
+            speed_problems=16)
 SMOKE = dict(train_problems=200, valid_problems=6, test_problems=8, max_digits=2, seq_len=64, batch=4,
              stage1_steps=3, stage2_steps=3, lr=1e-3, warmup=1, max_new_tokens=16, eval_batch=4,
-             block_sizes=(4,), gammas=(0.0, 1.0), verify_gamma=1e9, speed_problems=2)
+             block_sizes=(4,), gammas=(0.0, 1.0), verify_gamma=1e9, verify_problems=4, speed_problems=2)
 
 
 def plain_prompt(tokenizer, question: str) -> list[int]:
@@ -92,13 +93,15 @@ def train_stage(stage: int, model: str, train_file: str, sizes: dict, workdir: s
             "curve": [{k: r[k] for k in ("step", "ntp_loss", "matp_loss")} for r in rows]}
 
 
-def load(name: str, spec: str):
+def load(name: str, spec: str, scan_layers: bool):
+    """A model for evaluation: scanned layers compile each decoder in a fraction of the time (accuracy
+    runs); unrolled layers for wall-clock (no per-layer slicing of stacked weights)."""
     import jax
 
     from experiments.small_scale.evaluate import Trained
     from sbd_jax.checkpoints.load import load_model
 
-    loaded = load_model(spec)
+    loaded = load_model(spec, scan_layers=scan_layers)
     return Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
 
 
@@ -117,13 +120,15 @@ class Evaluations:
         self.path, self.sizes, self.data = path, sizes, data
         self.cache = json.load(open(path)) if os.path.exists(path) else {}
 
-    def get(self, model, setting: dict, split: str) -> dict:
+    def get(self, model, setting: dict, split: str, limit: int | None = None) -> dict:
+        """The entry of `model` decoding the split's problems (the first `limit` of them) with `setting`."""
         from experiments.small_scale.evaluate import arithmetic_metrics
 
-        key = f"{model.name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}"
+        problems = self.data[split][:limit]
+        key = f"{model.name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}|{len(problems)}"
         if key not in self.cache:
             began = time.perf_counter()
-            metrics = arithmetic_metrics(model, setting, self.data[split], self.sizes["max_new_tokens"],
+            metrics = arithmetic_metrics(model, setting, problems, self.sizes["max_new_tokens"],
                                          prompt=plain_prompt, batch_size=self.sizes["eval_batch"])
             self.cache[key] = {"model": model.name, **setting, "split": split, **metrics,
                                "batch": self.sizes["eval_batch"], "seconds": time.perf_counter() - began}
@@ -147,7 +152,8 @@ def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
 
 def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
     """NTP on test for every model; stage 2's SBD grid on validation, its γ per block on test, and
-    verified SBD (γ fixed in advance: verification, not γ, decides what is kept) on test."""
+    verified SBD (γ fixed in advance: verification, not γ, decides what is kept) on the first
+    `verify_problems` test problems (its passes cost 2k tokens each: the slowest setting on a CPU)."""
     entries = [evaluations.get(models[m], ntp_setting(), "test") for m in ("stage1", "stage2")]
     entries.append(evaluations.get(models["stage2"], ntp_setting(), "valid"))
     for k in sizes["block_sizes"]:
@@ -156,7 +162,9 @@ def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
         gamma = choose_gamma(entries, k)
         if gamma is not None:
             entries.append(evaluations.get(models["stage2"], sbd_setting(k, gamma), "test"))
-        entries.append(evaluations.get(models["stage2"], sbd_setting(k, sizes["verify_gamma"], verify=True), "test"))
+    for k in sizes["block_sizes"]:
+        entries.append(evaluations.get(models["stage2"], sbd_setting(k, sizes["verify_gamma"], verify=True), "test",
+                                       sizes["verify_problems"]))
     entries.append(evaluations.get(models["base"], ntp_setting(), "test"))  # last: the slowest, no EOS learned
     return entries
 
@@ -212,10 +220,11 @@ def main() -> None:
 
     from recipes.smollm2_arith.report import write_report
 
-    models = {"base": load("base", args.base), **{name: load(name, s["hf"]) for name, s in stages.items()}}
+    models = {"base": load("base", args.base, True), **{n: load(n, s["hf"], True) for n, s in stages.items()}}
     evaluations = Evaluations(os.path.join(args.workdir, "entries.json"), sizes, data)
     entries = evaluate(models, evaluations, sizes)
-    entries += speed(models["stage2"], entries, sizes, data["test"])
+    del models
+    entries += speed(load("stage2", stages["stage2"]["hf"], False), entries, sizes, data["test"])
     results = {
         "command": "python recipes/smollm2_arith/run.py --workdir runs/smollm2_arith" + (" --smoke" if args.smoke else ""),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
