@@ -74,12 +74,12 @@ def main() -> None:
 
     import jax
 
-    from forward_cost import measured_cpu
+    from sbd_jax.roofline import matmul_peak_flops
 
     out = os.path.join(ROOT, "benchmarks", "results", "cpu_train_levers.json")
     wanted = set(args.levers or [*LEVERS, *FLAG_SETS]) | {"baseline"}
     rows = {}
-    peak = measured_cpu(4).peak_flops
+    peak = matmul_peak_flops()
     for name, lever in LEVERS.items():
         if name not in wanted:
             continue

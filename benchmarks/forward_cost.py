@@ -36,15 +36,13 @@ def measured_cpu(weight_bytes: float):
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax.roofline import Hardware
+    from sbd_jax.roofline import Hardware, matmul_peak_flops
 
     # A matrix-vector product streams the matrix once, as decoding streams its weights.
     big = jnp.ones((2**14, 2**14), jnp.float32)  # 1 GiB
     vector = jnp.ones((2**14,), jnp.float32)
     bandwidth = big.nbytes / median_seconds(jax.jit(lambda m, x: m @ x), big, vector, repeats=5)
-    a = jnp.ones((2048, 2048), jnp.float32)
-    flops = 2 * 2048**3 / median_seconds(jax.jit(lambda x: x @ x), a, repeats=5)
-    return Hardware("cpu-measured", bandwidth, flops, weight_bytes,
+    return Hardware("cpu-measured", bandwidth, matmul_peak_flops(), weight_bytes,
                     "this CPU: bandwidth of a 1 GiB f32 matrix-vector product, peak of a 2048^3 f32 matmul")
 
 

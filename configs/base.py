@@ -41,6 +41,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.train.steps = 100
     c.train.batch_size = 8
     c.train.grad_accum = 1
+    c.train.log_every = 10  # steps between metric fetches (the only host sync; checkpoints fetch too)
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 3e-4

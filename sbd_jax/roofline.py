@@ -85,8 +85,50 @@ def model_from_hf_config(path: str) -> ModelShape:
             cfg = ModelConfig.from_hf(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read model config {path}: {e}") from None
-    return ModelShape(os.path.basename(path), cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size,
-                      cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings)
+    return shape_of(cfg, os.path.basename(path))
+
+
+def shape_of(cfg: Any, name: str = "model") -> ModelShape:
+    """The ModelShape of a `sbd_jax.config.ModelConfig`."""
+    return ModelShape(name, cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
+                      cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings)
+
+
+def training_flops_per_token(m: ModelShape, objective: str) -> float:
+    """Model FLOPs of one trained token: 6 per matmul weight (forward 2, backward 4), twice for SBD,
+    whose step runs the clean and the noisy copy of every sequence (attention's share is left out)."""
+    return 6.0 * m.matmul_params * (2 if objective == "sbd" else 1)
+
+
+def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+    """Achieved flop/s of an n^3 float32 matmul on the default device: the peak of a CPU (no table entry)."""
+    import statistics
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((n, n), jnp.float32)
+    square = jax.jit(lambda x: x @ x)
+    jax.block_until_ready(square(a))
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        jax.block_until_ready(square(a))
+        times.append(time.perf_counter() - began)
+    return 2 * n**3 / statistics.median(times)
+
+
+def device_peak_flops(device: Any, dtype: str) -> float | None:
+    """Peak flop/s of a device for MFU: the table's dense BF16 entry for H100/H200 (bf16 compute), the
+    measured matmul peak on a CPU, None where neither applies (MFU is then not reported)."""
+    if device.platform == "cpu":
+        return matmul_peak_flops()
+    if device.platform == "gpu" and dtype == "bfloat16":
+        for kind, name in (("H200", "h200-bf16"), ("H100", "h100-bf16")):
+            if kind in device.device_kind:
+                return HARDWARE[name].peak_flops
+    return None
 
 
 def lookup(hardware: str, model: str) -> tuple[Hardware, ModelShape]:

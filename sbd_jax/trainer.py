@@ -8,6 +8,7 @@ sees the same batches and computes the same numbers as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -15,7 +16,7 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,7 @@ from sbd_jax.errors import UserError
 from sbd_jax.mask_token import setup_mask_token
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.objective import Batch, check_objective, ntp_loss, sbd_loss
+from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
 from sbd_jax.tokenizer import load_tokenizer
 
 
@@ -142,6 +144,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise UserError(f"optimizer.decay_steps={cfg.optimizer.decay_steps} must be in [0, train.steps]")
     if cfg.init_from and not os.path.isdir(os.path.join(cfg.init_from, "checkpoints")):
         raise UserError(f"init_from={cfg.init_from!r} holds no checkpoints/ directory: give another run's workdir")
+    if cfg.train.log_every < 1:
+        raise UserError(f"train.log_every={cfg.train.log_every} must be >= 1 (steps between metric fetches)")
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise UserError(f"train.batch_size={cfg.train.batch_size} is not divisible by train.grad_accum="
                         f"{cfg.train.grad_accum}")
@@ -275,34 +279,40 @@ class Trainer:
         tokens_per_step = self.cfg.train.batch_size * self.cfg.data.seq_len
         logged = []
         progress = _Progress(start, total)
-        with open(metrics_path, "a") as log:
+        window = _Window(tokens_per_step, self._flops_per_step(), device_peak_flops(jax.devices()[0], self.config.dtype))
+        with open(metrics_path, "a") as log, _finishing_saves(manager):
             for step in range(start, total):
                 k = block_size_for_step(self.cfg, step)
                 batch = self.global_batch(next(self.iterator))
                 rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
                 compiled, compile_seconds = self.compiled_step(k, (self.state, batch, rng))
-                began = time.perf_counter()
                 self.state, metrics = compiled(self.state, batch, rng)
-                metrics = {name: float(v) for name, v in jax.device_get(metrics).items()}
-                seconds = time.perf_counter() - began
-                row = {"step": step + 1, "block_size": k, **metrics, "seconds": seconds,
-                       "tokens_per_s": tokens_per_step / seconds, "compile_seconds": compile_seconds}
-                logged.append(row)
+                window.add(step + 1, k, metrics, compile_seconds)  # stays on device: dispatch runs ahead
+                checkpoint = (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == total
+                if not (checkpoint or (step + 1) % self.cfg.train.log_every == 0):
+                    continue
+                rows = window.fetch()  # the one host sync; a non-finite step stops here, before any save
+                logged += rows
                 if jax.process_index() == 0:
-                    log.write(json.dumps(row) + "\n")
+                    for row in rows:
+                        log.write(json.dumps(row) + "\n")
+                        if writer is not None:
+                            for name, value in row.items():
+                                writer.add_scalar(name, value, row["step"])
                     log.flush()
-                    if writer is not None:
-                        for name, value in row.items():
-                            writer.add_scalar(name, value, step + 1)
-                progress.update(row)
-                if (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == total:
+                progress.update(rows[-1])
+                if checkpoint:
                     manager.save(step + 1, force=True, args=ocp.args.Composite(
                         state=ocp.args.StandardSave(self.state), data=ocp.args.JsonSave(self.iterator.get_state())))
-        manager.wait_until_finished()
         progress.close()
         if self.cfg.export_hf:
             self.export(os.path.join(self.workdir, "hf"))
         return logged
+
+    def _flops_per_step(self) -> float:
+        """Model FLOPs of one step (roofline formulas: 6 per weight per token, x2 for SBD's 2L layout)."""
+        shape = shape_of(self.config)
+        return training_flops_per_token(shape, self.cfg.objective.kind) * self.cfg.train.batch_size * self.cfg.data.seq_len
 
     def export(self, path: str) -> None:
         """Writes the trained model (with its mask token) as an HF directory."""
@@ -311,6 +321,16 @@ class Trainer:
         params = jax.device_get(self.state.params)
         if jax.process_index() == 0:
             save_hf(path, self.config.replace(param_dtype="float32"), params, tokenizer=self.tokenizer)
+
+
+@contextlib.contextmanager
+def _finishing_saves(manager) -> Iterator[None]:
+    """Waits for in-flight async checkpoint saves also when the loop stops with an error, so the last
+    good checkpoint is whole on disk."""
+    try:
+        yield
+    finally:
+        manager.wait_until_finished()
 
 
 def _truncate_log(path: str, completed: int) -> None:
@@ -332,8 +352,47 @@ def _tensorboard(workdir: str) -> Any:
 
 
 @dataclasses.dataclass
+class _Window:
+    """Steps dispatched since the last fetch, their metrics still on device. `fetch` brings them to the
+    host in one transfer and times the window: per step, its wall time less compiles, divided evenly
+    (steps overlap, so one step's own time is not observable without a sync per step)."""
+
+    tokens_per_step: int
+    flops_per_step: float
+    peak_flops: float | None
+    pending: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.began = time.perf_counter()
+
+    def add(self, step: int, block_size: int, metrics: dict[str, jax.Array], compile_seconds: float) -> None:
+        self.pending.append((step, block_size, metrics, compile_seconds))
+
+    def fetch(self) -> list[dict[str, float]]:
+        fetched = jax.device_get([metrics for _, _, metrics, _ in self.pending])
+        now = time.perf_counter()
+        compiles = sum(c for *_, c in self.pending)
+        seconds = max(now - self.began - compiles, 1e-9) / len(self.pending)
+        rows = []
+        for (step, k, _, compile_seconds), metrics in zip(self.pending, fetched):
+            metrics = {name: float(v) for name, v in metrics.items()}
+            bad = [name for name in ("loss", "grad_norm") if not math.isfinite(metrics[name])]
+            if bad:
+                raise UserError(f"step {step}: non-finite {' and '.join(bad)} ({', '.join(f'{n}={metrics[n]}' for n in bad)}"
+                                "); stopped without saving this state, the last checkpoint stays: lower "
+                                "optimizer.lr or check the data, then rerun to resume from it")
+            row = {"step": step, "block_size": k, **metrics, "seconds": seconds,
+                   "tokens_per_s": self.tokens_per_step / seconds, "compile_seconds": compile_seconds}
+            if self.peak_flops:
+                row["mfu"] = self.flops_per_step / seconds / self.peak_flops
+            rows.append(row)
+        self.pending, self.began = [], time.perf_counter()
+        return rows
+
+
+@dataclasses.dataclass
 class _Progress:
-    """One status line: step, losses, tokens/s, ETA (redrawn on a terminal, every 10 steps otherwise)."""
+    """One status line per fetch: step, losses, step time, tokens/s, MFU, ETA (redrawn on a terminal)."""
 
     start: int
     total: int
@@ -345,13 +404,11 @@ class _Progress:
     def update(self, row: dict[str, float]) -> None:
         done = row["step"] - self.start
         eta = (time.perf_counter() - self.began) / done * (self.total - row["step"])
+        mfu = f" MFU {row['mfu']:.1%}" if "mfu" in row else ""
         line = (f"step {row['step']}/{self.total} loss {row['loss']:.4f} (ntp {row['ntp_loss']:.4f}, "
-                f"matp {row['matp_loss']:.4f}) k={row['block_size']} {row['tokens_per_s']:.0f} tok/s "
-                f"ETA {eta:.0f}s")
-        if self.tty:
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-        elif row["step"] % 10 == 0 or row["step"] == self.total:
-            print(line, file=sys.stderr, flush=True)
+                f"matp {row['matp_loss']:.4f}) k={row['block_size']} {row['seconds']:.3f} s/step "
+                f"{row['tokens_per_s']:.0f} tok/s{mfu} ETA {eta:.0f}s")
+        print(("\r" if self.tty else "") + line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.tty:

@@ -44,6 +44,7 @@ def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert all(np.isfinite(r["loss"]) and r["ntp_tokens"] > 0 and r["matp_tokens"] > 0 for r in rows)
     assert {r["block_size"] for r in rows} <= {2, 3, 4, 5}
+    assert all(0 < r["mfu"] < 1 and r["seconds"] > 0 for r in rows)  # CPU: against its measured matmul peak
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
 
     from sbd_jax.checkpoints.load import load_model
@@ -106,6 +107,18 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert losses(tmp_path / "b") == losses(tmp_path / "a")  # same batches, same numbers, every step
 
 
+@requires_smollm2
+def test_a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    # Warmup makes step 1's learning rate 0; step 2's (1e30) blows the weights up, so step 3 is not finite.
+    cfg = quick_config(train__steps=6, train__log_every=1, checkpoint__every=1, optimizer__lr=1e30,
+                       optimizer__warmup_steps=1)
+    cfg.export_hf = False
+    with pytest.raises(UserError, match=r"^step 3: non-finite .*the last checkpoint stays"):
+        Trainer(cfg, str(tmp_path)).run()
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
+    assert [step for step, *_ in losses(tmp_path)] == [1, 2]
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"objective__block_size_min": 0}, "block_size=0 must be >= 1"),
     ({"objective__eta_max": 1.5}, "eta range"),
@@ -113,6 +126,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     ({"data__seq_len": 1}, "data.seq_len=1 must be >= 2"),
     ({"train__batch_size": 6, "train__grad_accum": 4}, "not divisible by train.grad_accum"),
     ({"objective__kind": "mlm"}, "objective.kind='mlm'"),
+    ({"train__log_every": 0}, "train.log_every=0 must be >= 1"),
 ])
 def test_bad_config_fails_before_anything_loads(overrides, message, tmp_path):
     with pytest.raises(UserError, match=message):
