@@ -55,9 +55,10 @@ def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: in
     batch_sh = sharding.batch_sharding(mesh)
     batch = Batch(*[jax.ShapeDtypeStruct(shape, d, sharding=batch_sh) for d in (jnp.int32,) * 3 + (jnp.bool_,)])
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding.replicated(mesh))
-    step = jitted_train_step(cfg, Transformer(config), tx, schedule, mesh, state_sh, block_size=16)
+    step = jitted_train_step(cfg, Transformer(config), tx, schedule, mesh, state_sh)
+    block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
     began = time.perf_counter()
-    lowered = step.lower(abstract, batch, rng)
+    lowered = step.lower(abstract, batch, rng, block_size)
     compiled = lowered.compile()
     seconds = time.perf_counter() - began
     memory = compiled.memory_analysis()

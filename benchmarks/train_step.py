@@ -55,8 +55,9 @@ def model_configs(names):
             yield name, load_model("smollm2-135m", with_tokenizer=False).config.replace(vocab_size=49153)
 
 
-def compiled_step(config, objective: str, batch_size: int, seq_len: int):
-    """(compiled step, its arguments) of one objective on random weights and tokens, state donated."""
+def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_size: int | None = 16):
+    """(compiled step, its arguments) of one objective on random weights and tokens, state donated.
+    `block_size=None`: the trainer's step, the block size a traced argument (2..16)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -75,11 +76,17 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int):
     batch = Batch(jnp.asarray(tokens), jnp.ones_like(tokens), jnp.asarray(np.arange(seq_len)[None].repeat(batch_size, 0)),
                   jnp.ones(tokens.shape, bool))
     step = functools.partial(train_step, model=Transformer(config), tx=tx, schedule=schedule,
-                             objective=objective, block_size=16, mask_id=config.mask_token_id,
-                             weights=(1.0, 1.0), eta_range=(0.0, 1.0), grad_accum=1)
+                             objective=objective, mask_id=config.mask_token_id, weights=(1.0, 1.0),
+                             eta_range=(0.0, 1.0), grad_accum=1)
+    if block_size is None:
+        step = functools.partial(step, block_sizes=(2, 16))
+        args = (jax.random.key(0), jnp.int32(16))
+    else:
+        step = functools.partial(step, block_size=block_size)
+        args = (jax.random.key(0),)
     state = TrainState(jnp.int32(0), params, tx.init(params))
-    compiled = jax.jit(step, donate_argnums=(0,)).lower(state, batch, jax.random.key(0)).compile()
-    return compiled, (state, batch, jax.random.key(0))
+    compiled = jax.jit(step, donate_argnums=(0,)).lower(state, batch, *args).compile()
+    return compiled, (state, batch, *args)
 
 
 def step_report(name, config, batch_size, seq_len, repeats) -> dict:

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.masks import SBDTrainingMask, sbd_training_mask
+from sbd_jax.masks import SBDTrainingMask, sbd_training_mask, tile_visits
 
 IMPLEMENTATIONS = ("auto", "reference", "blockwise", "splash")
 _TILES = (512, 256, 128)
@@ -83,8 +83,9 @@ def blockwise_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Ar
                             tile: int) -> jax.Array:
     """Flash-style attention over the SBD training layout, visiting only key tiles the mask allows.
 
-    The tile schedule is computed in numpy from (L, block size), so it is static; segment ids (packing)
-    are applied inside each visited tile. The per-tile step is rematerialised, so the backward pass
+    The tile schedule is computed in numpy from L and the mask's block-size range, so it is static and
+    serves every block size in that range (a traced block size compiles once); the exact mask, with
+    the block size and segment ids (packing), is applied inside each visited tile. The per-tile step is rematerialised, so the backward pass
     keeps only the running (output, max, sum) per visited tile, never a score matrix.
     """
     batch, total, num_heads, head_dim = q_BTNH.shape
@@ -93,9 +94,8 @@ def blockwise_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Ar
     num_kv = k_BSKH.shape[2]
     q = _grouped(q_BTNH, num_kv)
     groups = q.shape[3]
-    allowed = sbd_training_mask(mask.seq_len, mask.block_size)
     tiles = total // tile
-    visit = allowed.reshape(tiles, tile, tiles, tile).any(axis=(1, 3))  # [q tile, kv tile]
+    visit = tile_visits(mask.seq_len, tile, mask.block_range())  # [q tile, kv tile]
     outputs = []
     for qi in range(tiles):
         q_tile = q[:, qi * tile:(qi + 1) * tile]
@@ -139,21 +139,33 @@ def _splash_kernel(seq_len: int, block_size: int, groups: int, tile: int, interp
 
 def splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
                          tile: int) -> jax.Array:
-    """The SBD training mask through TPU splash attention: one MQA kernel per kv head (GQA groups)."""
+    """The SBD training mask through TPU splash attention: one MQA kernel per kv head (GQA groups).
+
+    Splash's mask is static, so a traced block size selects among one kernel per size of the mask's
+    range (`lax.switch`; 15 for sizes 2..16), all inside the one compiled step."""
     from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
 
     batch, total, num_heads, head_dim = q_BTNH.shape
     if head_dim % 128:
         raise ValueError(f"splash attention needs head_dim % 128 == 0, got {head_dim}")
     num_kv = k_BSKH.shape[2]
-    kernel = _splash_kernel(mask.seq_len, mask.block_size, num_heads // num_kv, min(tile, total),
-                            jax.devices()[0].platform != "tpu")
     q = (_grouped(q_BTNH, num_kv) * head_dim**-0.5).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
     k, v = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)  # [B, K, T, H]
 
-    def one_row(q_row, k_row, v_row, seg_row):
-        per_kv_head = jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=SegmentIds(seg_row, seg_row)))
-        return per_kv_head(q_row, k_row, v_row)
+    def with_block_size(block_size: int) -> Any:
+        kernel = _splash_kernel(mask.seq_len, block_size, num_heads // num_kv, min(tile, total),
+                                jax.devices()[0].platform != "tpu")
 
-    out = jax.vmap(one_row)(q, k, v, mask.segment_ids)  # [B, K, G, T, H]
+        def one_row(q_row, k_row, v_row, seg_row):
+            per_kv_head = jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=SegmentIds(seg_row, seg_row)))
+            return per_kv_head(q_row, k_row, v_row)
+
+        return lambda q, k, v, seg: jax.vmap(one_row)(q, k, v, seg)  # [B, K, G, T, H]
+
+    low, high = mask.block_range()
+    if low == high:
+        out = with_block_size(low)(q, k, v, mask.segment_ids)
+    else:
+        out = jax.lax.switch(mask.block_size - low, [with_block_size(b) for b in range(low, high + 1)],
+                             q, k, v, mask.segment_ids)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, total, num_heads, head_dim).astype(q_BTNH.dtype)

@@ -70,12 +70,23 @@ class SBDTrainingMask:
     """The SBD training mask, kept symbolic so attention kernels can skip tiles it rules out.
 
     `segment_ids` `[B, 2L]` (the clean half's ids repeated for the noisy half) additionally keep packed
-    documents apart; 0 marks padding.
+    documents apart; 0 marks padding. `block_size` is a Python int or a traced int32 scalar (one
+    compiled train step for every block size); a traced one needs `block_sizes`, the (min, max) range
+    it takes, from which tile schedules are chosen to serve every block size in it.
     """
 
     segment_ids: jax.Array
+    block_size: Any
     seq_len: int = struct.field(pytree_node=False)
-    block_size: int = struct.field(pytree_node=False)
+    block_sizes: tuple[int, int] | None = struct.field(pytree_node=False, default=None)
+
+    def block_range(self) -> tuple[int, int]:
+        """(min, max) block size this mask may take: static, for tile schedules and kernel variants."""
+        if self.block_sizes is not None:
+            return self.block_sizes
+        if isinstance(self.block_size, (int, np.integer)):
+            return int(self.block_size), int(self.block_size)
+        raise ValueError("a traced block_size needs block_sizes=(min, max)")
 
     def allowed(self, q_idx: jax.Array, kv_idx: jax.Array) -> jax.Array:
         """`[B, len(q_idx), len(kv_idx)]` for index vectors."""
@@ -87,3 +98,21 @@ class SBDTrainingMask:
     def dense(self) -> jax.Array:
         idx = jnp.arange(2 * self.seq_len)
         return self.allowed(idx, idx)
+
+
+def tile_visits(seq_len: int, tile: int, block_sizes: tuple[int, int]) -> np.ndarray:
+    """bool `[tiles, tiles]` over the `[2L, 2L]` layout (tile divides L): may any (query, key) pair of
+    the tile pair attend, for any block size in `block_sizes` (min, max)? Computed from tile bounds,
+    never from a dense mask; the union over block sizes is what a step with a traced size must visit."""
+    if seq_len % tile:
+        raise ValueError(f"tile {tile} does not divide seq_len {seq_len}")
+    lo = np.arange(2 * seq_len // tile) * tile
+    q_lo, q_hi, kv_lo, kv_hi = lo[:, None], lo[:, None] + tile - 1, lo[None, :], lo[None, :] + tile - 1
+    q_noisy, kv_noisy = q_lo >= seq_len, kv_lo >= seq_len
+    visit = ~q_noisy & ~kv_noisy & (kv_lo <= q_hi)  # clean -> clean, causal
+    for k in range(block_sizes[0], block_sizes[1] + 1):
+        q_first, q_last = (q_lo - seq_len) // k, (q_hi - seq_len) // k  # noisy query blocks
+        kv_first, kv_last = (kv_lo - seq_len * kv_noisy) // k, (kv_hi - seq_len * kv_noisy) // k
+        visit |= q_noisy & kv_noisy & (q_first <= kv_last) & (kv_first <= q_last)  # a shared block
+        visit |= q_noisy & ~kv_noisy & (q_last > kv_first)  # a clean key of an earlier block
+    return visit

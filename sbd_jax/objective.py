@@ -52,7 +52,7 @@ class NoisyLayout(NamedTuple):
     loss_mask: jax.Array
 
 
-def noisy_layout(batch: Batch, block_size: int, end_id: int | None) -> NoisyLayout:
+def noisy_layout(batch: Batch, block_size: Any, end_id: int | None) -> NoisyLayout:
     """Gives every document that ends inside a block the rest of that block in the noisy half (SPEC §2).
 
     At inference a block is always `block_size` positions, so an answer that ends inside it leaves
@@ -60,7 +60,8 @@ def noisy_layout(batch: Batch, block_size: int, end_id: int | None) -> NoisyLayo
     or from padding), continue its positions, and have `end_id` (EOS) as their target and, where not
     masked, as their revealed token. They carry loss if the document's last token does. A document
     ends where the next position holds another segment; a row's last document piece is never
-    extended (nothing follows it). `end_id=None` leaves the layout as the clean half's.
+    extended (nothing follows it). `end_id=None` leaves the layout as the clean half's. `block_size`
+    may be traced.
     """
     tokens, seg, pos, loss = batch
     if end_id is None:
@@ -69,11 +70,9 @@ def noisy_layout(batch: Batch, block_size: int, end_id: int | None) -> NoisyLayo
     index = jnp.arange(seq_len)
     ends = (seg > 0) & jnp.pad(seg[:, 1:] != seg[:, :-1], ((0, 0), (0, 1)))  # last token of a finished document
     # The first document end in each block: positions after it in that block belong to that document.
-    num_blocks = -(-seq_len // block_size)
+    block_of = index // block_size
     end_index = jnp.where(ends, index, seq_len)
-    end_index = jnp.pad(end_index, ((0, 0), (0, num_blocks * block_size - seq_len)), constant_values=seq_len)
-    first_end = jnp.repeat(end_index.reshape(batch_size, num_blocks, block_size).min(axis=2), block_size,
-                           axis=1)[:, :seq_len]
+    first_end = jax.ops.segment_min(end_index.T, block_of, num_segments=seq_len)[block_of].T  # [B, L]
     tail = index[None] > first_end
     owner = jnp.minimum(first_end, seq_len - 1)
 
@@ -94,12 +93,13 @@ def sbd_loss(
     batch: Batch,
     rng: jax.Array,
     *,
-    block_size: int,
+    block_size: Any,
     mask_id: int,
     w_ntp: float = 1.0,
     w_matp: float = 1.0,
     eta_range: tuple[float, float] = (0.0, 1.0),
     end_id: int | None = None,
+    block_sizes: tuple[int, int] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Joint loss `w_ntp * NTP + w_matp * MATP` and its metrics.
 
@@ -107,13 +107,14 @@ def sbd_loss(
     MATP: cross-entropy over noisy positions that were masked, target the clean token (not shifted),
     only inside full blocks (a trailing partial block is ignored), where loss_mask. With `end_id`
     (EOS), the noisy half extends each finished document to the end of its last block, target EOS
-    (`noisy_layout`). Each term is a mean over its own counted tokens.
+    (`noisy_layout`). Each term is a mean over its own counted tokens. `block_size` may be a traced
+    int32 scalar with `block_sizes` its (min, max) range: one compiled loss for every block size.
     """
     tokens, seg = batch.tokens, batch.segment_ids
     seq_len = tokens.shape[1]
     layout = noisy_layout(batch, block_size, end_id)
     masked = noise(layout.segment_ids, rng, eta_range)
-    inputs, positions, attn = training_inputs(batch, layout, masked, mask_id, block_size)
+    inputs, positions, attn = training_inputs(batch, layout, masked, mask_id, block_size, block_sizes)
     hidden, _ = model.apply({"params": params}, inputs, positions, mask=attn, compute_logits=False)
     # One chunked CE pass: clean position t targets token t+1, noisy position i targets token i.
     targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1], layout.tokens], axis=1)
@@ -134,14 +135,14 @@ def sbd_loss(
     return loss, metrics
 
 
-def training_inputs(batch: Batch, layout: NoisyLayout, masked: jax.Array, mask_id: int,
-                    block_size: int) -> tuple[jax.Array, jax.Array, SBDTrainingMask]:
+def training_inputs(batch: Batch, layout: NoisyLayout, masked: jax.Array, mask_id: int, block_size: Any,
+                    block_sizes: tuple[int, int] | None = None) -> tuple[jax.Array, jax.Array, SBDTrainingMask]:
     """The one forward's `[clean | noisy]` tokens and positions `[B, 2L]` and its attention mask."""
     noisy = jnp.where(masked, mask_id, layout.tokens)
     inputs = jnp.concatenate([batch.tokens, noisy], axis=1)
     positions = jnp.concatenate([batch.positions, layout.positions], axis=1)
     attn = SBDTrainingMask(jnp.concatenate([batch.segment_ids, layout.segment_ids], axis=1),
-                           seq_len=batch.tokens.shape[1], block_size=block_size)
+                           seq_len=batch.tokens.shape[1], block_size=block_size, block_sizes=block_sizes)
     return inputs, positions, attn
 
 

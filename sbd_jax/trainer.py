@@ -67,7 +67,7 @@ def make_optimizer(opt: ml_collections.ConfigDict, total_steps: int) -> tuple[op
 def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
     """k ~ U{min..max} per step, drawn from (seed, step) so a resumed run draws the same k.
 
-    NTP training has no blocks: always 1, so it compiles one step, not one per k.
+    NTP training has no blocks: always 1.
     """
     if cfg.objective.kind == "ntp":
         return 1
@@ -75,19 +75,23 @@ def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
     return int(np.random.default_rng([cfg.seed, step]).integers(low, high + 1))
 
 
-def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model: Transformer,
-               tx: optax.GradientTransformation, schedule: Any, objective: str, block_size: int,
-               mask_id: int, weights: tuple[float, float], eta_range: tuple[float, float],
-               grad_accum: int, end_id: int | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any, *, model: Transformer,
+               tx: optax.GradientTransformation, schedule: Any, objective: str, mask_id: int,
+               weights: tuple[float, float], eta_range: tuple[float, float], grad_accum: int,
+               end_id: int | None = None,
+               block_sizes: tuple[int, int] | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step; the batch is split into `grad_accum` micro-batches whose grads are averaged.
 
+    `block_size`: a Python int (a step for that size) or a traced int32 scalar in `block_sizes`
+    (min, max): one compiled step for every size.
     `end_id` (the model's EOS) is what the noisy half predicts after a document's end (objective.noisy_layout).
     """
     def loss_fn(params, micro, micro_rng):
         if objective == "ntp":
             return ntp_loss(params, model, micro)
         return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=mask_id,
-                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range, end_id=end_id)
+                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range, end_id=end_id,
+                        block_sizes=block_sizes)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if grad_accum == 1:
@@ -112,17 +116,20 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, *, model: Transf
 
 
 def jitted_train_step(cfg: ml_collections.ConfigDict, model: Transformer, tx: optax.GradientTransformation,
-                      schedule: Any, mesh: Any, state_shardings: TrainState, block_size: int) -> Any:
-    """`train_step` for one block size, jitted with the mesh's shardings and the state donated."""
+                      schedule: Any, mesh: Any, state_shardings: TrainState) -> Any:
+    """`train_step(state, batch, rng, block_size)` jitted with the mesh's shardings and the state donated;
+    the block size is a traced int32 argument, so every size of the config's range shares one compile."""
     obj = cfg.objective
     step = functools.partial(
-        train_step, model=model, tx=tx, schedule=schedule, objective=obj.kind, block_size=block_size,
+        train_step, model=model, tx=tx, schedule=schedule, objective=obj.kind,
         mask_id=model.config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
         eta_range=(obj.eta_min, obj.eta_max), grad_accum=cfg.train.grad_accum,
-        end_id=model.config.eos_token_ids[0] if model.config.eos_token_ids else None)
+        end_id=model.config.eos_token_ids[0] if model.config.eos_token_ids else None,
+        block_sizes=(obj.block_size_min, obj.block_size_max))
     batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
-    return jax.jit(step, in_shardings=(state_shardings, batch_sh, sharding.replicated(mesh)),
-                   out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=(0,))
+    replicated = sharding.replicated(mesh)
+    return jax.jit(step, in_shardings=(state_shardings, batch_sh, replicated, replicated),
+                   out_shardings=(state_shardings, replicated), donate_argnums=(0,))
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -178,7 +185,7 @@ class Trainer:
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
         self.state = self._sharded_state(params)
         self.iterator = iter(self.dataset.to_iter_dataset())
-        self._steps: dict[int, Any] = {}
+        self._step: Any = None
 
     # ------------------------------------------------------------------ setup
     def _model(self) -> tuple[ModelConfig, dict, Any]:
@@ -209,15 +216,14 @@ class Trainer:
     def state_shardings(self) -> TrainState:
         return jax.tree.map(lambda x: x.sharding, self.state)
 
-    def compiled_step(self, block_size: int, example: tuple) -> tuple[Any, float]:
-        """The compiled step for one block size (static shapes: one compile per k), and its compile seconds."""
-        if block_size in self._steps:
-            return self._steps[block_size], 0.0
+    def compiled_step(self, example: tuple) -> tuple[Any, float]:
+        """The compiled step (one for every block size), and its compile seconds (0 once compiled)."""
+        if self._step is not None:
+            return self._step, 0.0
         began = time.perf_counter()
-        step = jitted_train_step(self.cfg, self.model, self.tx, self.schedule, self.mesh,
-                                 self.state_shardings(), block_size)
-        self._steps[block_size] = step.lower(*example).compile()
-        return self._steps[block_size], time.perf_counter() - began
+        step = jitted_train_step(self.cfg, self.model, self.tx, self.schedule, self.mesh, self.state_shardings())
+        self._step = step.lower(*example).compile()
+        return self._step, time.perf_counter() - began
 
     def global_batch(self, host_batch: dict[str, np.ndarray]) -> Batch:
         batch_sh = sharding.batch_sharding(self.mesh)
@@ -285,8 +291,9 @@ class Trainer:
                 k = block_size_for_step(self.cfg, step)
                 batch = self.global_batch(next(self.iterator))
                 rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
-                compiled, compile_seconds = self.compiled_step(k, (self.state, batch, rng))
-                self.state, metrics = compiled(self.state, batch, rng)
+                block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
+                compiled, compile_seconds = self.compiled_step((self.state, batch, rng, block_size))
+                self.state, metrics = compiled(self.state, batch, rng, block_size)
                 window.add(step + 1, k, metrics, compile_seconds)  # stays on device: dispatch runs ahead
                 checkpoint = (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == total
                 if not (checkpoint or (step + 1) % self.cfg.train.log_every == 0):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sbd_jax.attention import attention, blockwise_sbd_attention, reference_attention, splash_sbd_attention
-from sbd_jax.masks import SBDTrainingMask, sbd_training_mask
+from sbd_jax.masks import SBDTrainingMask, sbd_training_mask, tile_visits
 
 
 def spec_mask(seq_len, k):
@@ -47,8 +47,9 @@ def test_segments_keep_documents_apart():
     assert dense.any(axis=1).all()  # every query (padding too) sees at least itself
 
 
-def assert_kernel_matches_reference(kernel, seg, k, n_kv, g, h, seed):
-    """Values (1e-5) and gradients (1e-4) of `kernel(q, k, v, mask)` against the dense reference."""
+def assert_kernel_matches_reference(kernel, seg, k, n_kv, g, h, seed, traced_range=None):
+    """Values (1e-5) and gradients (1e-4) of `kernel(q, k, v, mask)` against the dense reference; with
+    `traced_range` (min, max), the kernel's block size is a traced value of one jitted function."""
     b, seq_len = seg.shape
     rng = np.random.RandomState(seed)
     q = jnp.asarray(rng.randn(b, 2 * seq_len, n_kv * g, h), jnp.float32)
@@ -61,6 +62,10 @@ def assert_kernel_matches_reference(kernel, seg, k, n_kv, g, h, seed):
 
     def fast(q, kk, v):
         return kernel(q, kk, v, mask)
+
+    if traced_range is not None:
+        traced = jax.jit(lambda q, kk, v, size: kernel(q, kk, v, mask.replace(block_size=size, block_sizes=traced_range)))
+        fast = lambda q, kk, v: traced(q, kk, v, jnp.int32(k))  # noqa: E731
 
     np.testing.assert_allclose(fast(q, kk, v), ref(q, kk, v), atol=1e-5, rtol=0)
     w = jnp.asarray(rng.randn(*q.shape), jnp.float32)
@@ -77,6 +82,29 @@ def test_blockwise_equals_reference_values_and_gradients(seq_len, k, tile):
     seg[1, -7:] = 0  # padding
     kernel = lambda q, kk, v, mask: blockwise_sbd_attention(q, kk, v, mask, tile)  # noqa: E731
     assert_kernel_matches_reference(kernel, seg, k, n_kv=2, g=2, h=16, seed=0)
+
+
+@pytest.mark.parametrize("seq_len, tile", [(64, 16), (256, 128), (96, 32)])
+def test_tile_visits_are_exactly_the_tiles_the_mask_allows_for_one_size_and_their_union_for_a_range(seq_len, tile):
+    tiles = 2 * seq_len // tile
+
+    def dense_visits(k):
+        return sbd_training_mask(seq_len, k).reshape(tiles, tile, tiles, tile).any(axis=(1, 3))
+
+    for k in (1, 2, 3, 5, 16, 17):
+        np.testing.assert_array_equal(tile_visits(seq_len, tile, (k, k)), dense_visits(k))
+    union = np.logical_or.reduce([dense_visits(k) for k in range(2, 17)])
+    np.testing.assert_array_equal(tile_visits(seq_len, tile, (2, 16)), union)
+    assert not union.all()  # clean queries never see noisy keys, whatever the size
+
+
+@pytest.mark.parametrize("k", [2, 5, 16])
+def test_blockwise_with_a_traced_block_size_equals_reference(k):
+    """One compiled kernel for sizes 2..16 (the union tile schedule), exact for each size."""
+    seg = np.ones((2, 256), np.int32)
+    seg[1, 80:] = 2
+    kernel = lambda q, kk, v, mask: blockwise_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
+    assert_kernel_matches_reference(kernel, seg, k, n_kv=2, g=2, h=16, seed=2, traced_range=(2, 16))
 
 
 def test_dispatch_picks_blockwise_for_long_sequences():
@@ -96,3 +124,9 @@ def test_splash_kernel_in_interpret_mode_equals_reference():
     seg[1, 50:] = 2
     kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
     assert_kernel_matches_reference(kernel, seg, 16, n_kv=2, g=2, h=128, seed=1)
+
+
+def test_splash_with_a_traced_block_size_switches_to_that_sizes_kernel():
+    seg = np.ones((1, 128), np.int32)
+    kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
+    assert_kernel_matches_reference(kernel, seg, 7, n_kv=1, g=2, h=128, seed=3, traced_range=(6, 8))

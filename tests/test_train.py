@@ -77,6 +77,45 @@ def test_a_wsd_decay_branch_continues_the_long_run_it_starts_from(tmp_path):
         Trainer(branch, str(tmp_path / "other")).run()
 
 
+def test_one_compiled_step_for_every_block_size_equals_the_step_compiled_for_that_size():
+    import functools
+
+    import jax.numpy as jnp
+
+    from sbd_jax.trainer import TrainState
+    from tests.test_sharding import _setup
+
+    _, params, tx, batch, per_size = _setup()
+    keywords = {key: value for key, value in per_size.keywords.items() if key != "block_size"}
+    one_step = jax.jit(functools.partial(per_size.func, **keywords, block_sizes=(2, 16)))
+    state = TrainState(jnp.int32(0), params, tx.init(params))
+    rng = jax.random.key(5)
+    for k in range(2, 17):
+        expected_state, expected = jax.jit(functools.partial(per_size, block_size=k))(state, batch, rng)
+        got_state, got = one_step(state, batch, rng, jnp.int32(k))
+        for name in expected:
+            np.testing.assert_allclose(got[name], expected[name], rtol=1e-6, atol=1e-6, err_msg=f"k={k} {name}")
+        for a, b in zip(jax.tree.leaves(got_state.params), jax.tree.leaves(expected_state.params)):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert one_step._cache_size() == 1
+
+
+@requires_smollm2
+def test_a_run_over_every_block_size_compiles_its_step_once(tmp_path):
+    """XLA compiles of the train step (counted by jax.monitoring) in a 15-step run over sizes 2..16: one."""
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, seconds, fun_name="", **_: compiles.append(fun_name)
+        if name == "/jax/core/compile/backend_compile_duration" and "train_step" in fun_name else None)
+    cfg = quick_config(train__steps=15, checkpoint__every=100)
+    cfg.objective.block_size_min, cfg.objective.block_size_max = 2, 16
+    cfg.export_hf = False
+    rows = Trainer(cfg, str(tmp_path)).run()
+    assert len({r["block_size"] for r in rows}) >= 8  # many sizes really drawn
+    assert len(compiles) == 1, compiles
+    assert [r["compile_seconds"] > 0 for r in rows] == [True] + [False] * 14
+
+
 def run_train(workdir, steps, every):
     return [sys.executable, "train.py", "--config", "configs/tiny.py", "--workdir", str(workdir), *QUICK,
             f"--config.train.steps={steps}", f"--config.checkpoint.every={every}", "--config.export_hf=False"]

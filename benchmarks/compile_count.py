@@ -1,0 +1,61 @@
+"""Compiles of the SBD train step for block sizes 2..16: one per size (the trainer before 2026-12-01)
+against one traced-size step (the trainer now), counted and timed in one run.
+
+    python benchmarks/compile_count.py [--shape tiny|smollm2] [--batch 8] [--seq-len 128]
+
+Counts XLA backend compiles of the train step with `jax.monitoring` (not the code's own bookkeeping)
+and sums their seconds. Writes benchmarks/results/compile_count_<shape>_<platform>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="tiny", choices=["tiny", "smollm2"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=128)
+    args = parser.parse_args()
+
+    import jax
+
+    from train_step import compiled_step, model_configs
+
+    events: list[float] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, seconds, fun_name="", **_: events.append(seconds)
+        if name == EVENT and "train_step" in fun_name else None)
+    _, config = next(model_configs([args.shape]))
+    result = {"shape": args.shape, "batch": args.batch, "seq_len": args.seq_len, "device": str(jax.devices()[0]),
+              "jax": jax.__version__, "command": f"python benchmarks/compile_count.py --shape {args.shape} "
+                                                f"--batch {args.batch} --seq-len {args.seq_len}"}
+    for name, sizes in (("one_step_per_block_size", list(range(2, 17))), ("one_traced_step", [None])):
+        start, began = len(events), time.perf_counter()
+        for block_size in sizes:
+            compiled_step(config, "sbd", args.batch, args.seq_len, block_size=block_size)
+        steps = events[start:]
+        result[name] = {"compiles": len(steps), "compile_seconds": sum(steps),
+                        "wall_seconds": time.perf_counter() - began}
+        print(f"{name}: {len(steps)} step compiles, {sum(steps):.1f} s compiling the step", flush=True)
+    result["compile_seconds_ratio"] = (result["one_step_per_block_size"]["compile_seconds"]
+                                       / result["one_traced_step"]["compile_seconds"])
+    out = os.path.join(ROOT, "benchmarks", "results", f"compile_count_{args.shape}_{jax.devices()[0].platform}.json")
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"compile seconds, one per size / one traced: {result['compile_seconds_ratio']:.1f}x; wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
