@@ -10,7 +10,6 @@ and sums their seconds. Writes benchmarks/results/compile_count_<shape>_<platfor
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -31,6 +30,7 @@ def main() -> None:
 
     import jax
 
+    from timing import save_result
     from train_step import compiled_step, model_configs
 
     events: list[float] = []
@@ -51,9 +51,7 @@ def main() -> None:
         print(f"{name}: {len(steps)} step compiles, {sum(steps):.1f} s compiling the step", flush=True)
     result["compile_seconds_ratio"] = (result["one_step_per_block_size"]["compile_seconds"]
                                        / result["one_traced_step"]["compile_seconds"])
-    out = os.path.join(ROOT, "benchmarks", "results", f"compile_count_{args.shape}_{jax.devices()[0].platform}.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    out = save_result(f"compile_count_{args.shape}_{jax.devices()[0].platform}", result)
     print(f"compile seconds, one per size / one traced: {result['compile_seconds_ratio']:.1f}x; wrote {out}")
 
 

@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from decode import PROMPTS  # noqa: E402
-from forward_cost import write_json  # noqa: E402
+from timing import write_json  # noqa: E402
 from forward_cost import hardware_for, model_config  # noqa: E402
 
 

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from timing import median_seconds  # noqa: E402
+from timing import median_seconds, write_json  # noqa: E402
 
 
 def measured_cpu(weight_bytes: float):
@@ -169,13 +169,6 @@ def run(model: str, dtype: str, ks, batches, kvs, max_cache_gib: float, repeats:
             write_json(out, report)
             del cache, compiled  # free this point's cache before the next is allocated
     return report
-
-
-def write_json(path: str, data: dict) -> None:
-    """Rewrites `path` whole (a temporary file, then a rename), so a reader never sees half a file."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(path + ".tmp", path)
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ result, the transfer and the next dispatch are a larger share. Writes benchmarks
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -53,6 +52,7 @@ def main() -> None:
 
     import jax
 
+    from timing import save_result
     from train_step import compiled_step, model_configs
 
     _, config = next(model_configs([args.shape]))
@@ -74,10 +74,7 @@ def main() -> None:
     for name, value in medians.items():
         print(f"{name:>20}: {value:.1f} steps/s")
     print(f"fetching every {args.log_every} steps: {ratio:.2f}x the steps/s of fetching every step")
-    out = os.path.join(ROOT, "benchmarks", "results", f"host_sync_{device.platform}.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {out}")
+    print(f"wrote {save_result(f'host_sync_{device.platform}', result)}")
 
 
 if __name__ == "__main__":

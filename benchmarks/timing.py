@@ -1,7 +1,9 @@
-"""Shared timing helper for the benchmarks: synchronised calls, warm-up excluded, median."""
+"""Shared helpers of the benchmarks: synchronised timing (warm-up excluded, median) and result files."""
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import time
 from typing import Any, Callable
@@ -18,3 +20,20 @@ def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int) -> float:
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def write_json(path: str, data: dict) -> None:
+    """Rewrites `path` whole (a temporary file, then a rename), so a reader never sees half a file."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def save_result(name: str, data: dict) -> str:
+    """Writes benchmarks/results/<name>.json; returns its path."""
+    path = os.path.join(RESULTS, name + ".json")
+    write_json(path, data)
+    return path
