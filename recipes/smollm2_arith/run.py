@@ -106,10 +106,11 @@ def load(name: str, spec: str, scan_layers: bool):
 
 
 def choose_gamma(entries: list[dict], block_size: int) -> float | None:
-    """The γ with the most tokens per pass within 1 point of stage 2's NTP accuracy on validation."""
+    """The γ with the most tokens per pass within 1 point of stage 2's NTP accuracy on validation,
+    among γ > 0 (γ 0 reveals one token per pass: no fewer passes than NTP); None if there is none."""
     ntp = next(e for e in entries if e["model"] == "stage2" and e["mode"] == "ntp" and e["split"] == "valid")
     within = [e for e in entries if e["model"] == "stage2" and e["mode"] == "sbd" and e["split"] == "valid"
-              and e["block_size"] == block_size and e["accuracy"] >= ntp["accuracy"] - 0.01]
+              and e["block_size"] == block_size and e["gamma"] > 0 and e["accuracy"] >= ntp["accuracy"] - 0.01]
     return max(within, key=lambda e: e["tokens_per_pass"])["gamma"] if within else None
 
 
