@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 FULL = dict(train_problems=20000, valid_problems=200, test_problems=1000, max_digits=5, seq_len=128, batch=8,
             stage1_steps=250, stage2_steps=300, lr=3e-4, warmup=20, max_new_tokens=72, eval_batch=100,
-            block_sizes=(4, 8, 16), gammas=(0.0, 0.1, 0.35, 0.6, 1.0), verify_gamma=1e9, verify_problems=200,
+            block_sizes=(4, 8, 16), gammas=(0.0, 0.1, 0.35, 0.6, 1.0), verify_gamma=1e9, verify_problems=1000,
             speed_problems=16)
 SMOKE = dict(train_problems=200, valid_problems=6, test_problems=8, max_digits=2, seq_len=64, batch=4,
              stage1_steps=3, stage2_steps=3, lr=1e-3, warmup=1, max_new_tokens=16, eval_batch=4,
@@ -154,7 +154,7 @@ def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
 def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
     """NTP on test for every model; stage 2's SBD grid on validation, its γ per block on test, and
     verified SBD (γ fixed in advance: verification, not γ, decides what is kept) on the first
-    `verify_problems` test problems (its passes cost 2k tokens each: the slowest setting on a CPU)."""
+    `verify_problems` test problems (all of them in the full run)."""
     entries = [evaluations.get(models[m], ntp_setting(), "test") for m in ("stage1", "stage2")]
     entries.append(evaluations.get(models["stage2"], ntp_setting(), "valid"))
     for k in sizes["block_sizes"]:
