@@ -1,6 +1,6 @@
 """A real pretrained model turned into an SBD model on a CPU: SmolLM2-135M-Instruct on worked-step addition.
 
-    python recipes/smollm2_arith/run.py --workdir runs/smollm2_arith      # full run on a 2-core CPU (resumable)
+    python recipes/smollm2_arith/run.py --workdir runs/smollm2_arith      # about 2 h on a 2-core CPU (resumable)
     python recipes/smollm2_arith/run.py --workdir runs/smollm2_arith --train-only
     python recipes/smollm2_arith/run.py --workdir /tmp/smoke --smoke --base DIR   # toy sizes (the tests)
 
