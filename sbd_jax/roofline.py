@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -100,8 +101,10 @@ def training_flops_per_token(m: ModelShape, objective: str) -> float:
     return 6.0 * m.matmul_params * (2 if objective == "sbd" else 1)
 
 
+@functools.lru_cache(maxsize=None)
 def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
-    """Achieved flop/s of an n^3 float32 matmul on the default device: the peak of a CPU (no table entry)."""
+    """Achieved flop/s of an n^3 float32 matmul on the default device: the peak of a CPU (no table entry).
+    Measured once per process: every later training run in it reuses the number."""
     import statistics
     import time
 
