@@ -6,23 +6,24 @@ Implementations:
 - `blockwise`: for the SBD training layout, a memory-efficient online-softmax loop over query and key
   tiles that never materialises a `[2L, 2L]` score matrix and skips, at trace time, every key tile the
   mask rules out entirely (about 3/4 of them on this layout). Pure XLA: CPU, GPU (the GPU path) and TPU.
-- `splash`: TPU's Pallas splash-attention kernel with the SBD mask (block-sparse, fused backward);
-  off TPU it runs in Pallas interpret mode (for tests). It needs head_dim % 128 == 0. It is a
-  per-device kernel: under a multi-device mesh it would need a shard_map wrapper, not written yet.
-`auto` takes `splash` on a single TPU device when head_dim allows, else `blockwise` for SBD training
-sequences of 2L >= 1024 whose length a tile divides, else `reference`.
+- `splash`: TPU's Pallas splash-attention kernel with the SBD mask (`splash.py`: block-sparse, fused
+  backward, run under `shard_map` when the model is given its mesh). It needs head_dim % 128 == 0 and
+  L a multiple of 128; off TPU it runs in Pallas interpret mode (CPU, for tests); GPU refuses it.
+`auto` takes `splash` on TPU (one device or any mesh) when head_dim and L allow, else `blockwise` for
+SBD training sequences of 2L >= 1024 whose length a tile divides, else `reference`.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
-from sbd_jax.masks import SBDTrainingMask, sbd_training_mask, tile_visits
+from sbd_jax.errors import UserError
+from sbd_jax.masks import SBDTrainingMask, tile_visits
 
 IMPLEMENTATIONS = ("auto", "reference", "blockwise", "splash")
 _TILES = (512, 256, 128)
@@ -31,19 +32,19 @@ _NEG = -1e30  # finite: a fully masked tile row must not turn into NaN
 KeyPart = tuple[jax.Array, jax.Array, Any]  # k [B,S,K,H], v [B,S,K,H], mask: bool [B|1,T,S] or SBDTrainingMask
 
 
-def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto") -> jax.Array:
+def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto", mesh: Mesh | None = None) -> jax.Array:
     """Softmax attention of queries over the concatenation of several key/value parts.
 
     A part is `(k_BSKH, v_BSKH, mask)`; the mask is boolean broadcastable to `[B, T, S]` (True = may
     attend) or, for a single part, an `SBDTrainingMask`. Grouped-query attention: query head n uses
     kv head n // (N // K). Scores and softmax in float32; every query must see at least one key.
+    `mesh`: the device mesh the caller's arrays are sharded over, for kernels that run per device.
     """
     if len(parts) == 1 and isinstance(parts[0][2], SBDTrainingMask):
         k, v, mask = parts[0]
         tile = _tile_for(mask.seq_len)
-        on_one_tpu = jax.devices()[0].platform == "tpu" and jax.device_count() == 1
-        if impl == "splash" or (impl == "auto" and on_one_tpu and tile and q_BTNH.shape[-1] % 128 == 0):
-            return splash_sbd_attention(q_BTNH, k, v, mask, tile or _TILES[-1])
+        if impl == "splash" or (impl == "auto" and _splash_fits(q_BTNH.shape[-1], mask.seq_len)):
+            return _splash(q_BTNH, k, v, mask, mesh)
         if impl == "blockwise" or (impl == "auto" and tile is not None and 2 * mask.seq_len >= 1024):
             return blockwise_sbd_attention(q_BTNH, k, v, mask, tile or _TILES[-1])
         parts = [(k, v, mask.dense())]
@@ -52,6 +53,28 @@ def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto") -
 
 def _tile_for(seq_len: int) -> int | None:
     return next((t for t in _TILES if seq_len % t == 0), None)
+
+
+def _splash_fits(head_dim: int, seq_len: int) -> bool:
+    return jax.devices()[0].platform == "tpu" and head_dim % 128 == 0 and _tile_for(seq_len) is not None
+
+
+def _splash(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
+            mesh: Mesh | None) -> jax.Array:
+    """Splash on this device or every device of `mesh`; a shape or platform it cannot serve is refused."""
+    from sbd_jax import splash  # imports Pallas TPU ops: only when splash runs
+
+    head_dim, platform = q_BTNH.shape[-1], jax.devices()[0].platform
+    if platform == "gpu":
+        raise UserError("attention='splash' is a TPU kernel (on GPU it would run in Pallas's slow interpreter); "
+                        "use attention='blockwise' or 'auto'")
+    if head_dim % 128 or _tile_for(mask.seq_len) is None:
+        raise UserError(f"attention='splash' needs head_dim % 128 == 0 and data.seq_len a multiple of 128 "
+                        f"(got head_dim={head_dim}, seq_len={mask.seq_len}); use attention='auto'")
+    tile = _tile_for(mask.seq_len)
+    if mesh is None or mesh.size == 1:
+        return splash.splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile)
+    return splash.sharded_splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile, mesh)
 
 
 def _grouped(q_BTNH: jax.Array, num_kv: int) -> jax.Array:
@@ -122,50 +145,4 @@ def blockwise_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Ar
         (out, _, total_p), _ = jax.lax.scan(step, init, jnp.asarray(np.flatnonzero(visit[qi]), jnp.int32))
         outputs.append(out / jnp.maximum(total_p, 1e-30)[..., None])
     out = jnp.concatenate(outputs, axis=3)  # [B, K, G, T, H]
-    return out.transpose(0, 3, 1, 2, 4).reshape(batch, total, num_heads, head_dim).astype(q_BTNH.dtype)
-
-
-@functools.lru_cache(maxsize=32)
-def _splash_kernel(seq_len: int, block_size: int, groups: int, tile: int, interpret: bool) -> Any:
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
-
-    head_mask = splash_mask.NumpyMask(sbd_training_mask(seq_len, block_size))
-    sizes = splash.BlockSizes(block_q=tile, block_kv=tile, block_kv_compute=tile, block_q_dkv=tile,
-                              block_kv_dkv=tile, block_kv_dkv_compute=tile, block_q_dq=tile, block_kv_dq=tile)
-    return splash.make_splash_mqa(splash_mask.MultiHeadMask([head_mask] * groups), block_sizes=sizes,
-                                  head_shards=1, q_seq_shards=1, interpret=interpret)
-
-
-def splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
-                         tile: int) -> jax.Array:
-    """The SBD training mask through TPU splash attention: one MQA kernel per kv head (GQA groups).
-
-    Splash's mask is static, so a traced block size selects among one kernel per size of the mask's
-    range (`lax.switch`; 15 for sizes 2..16), all inside the one compiled step."""
-    from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import SegmentIds
-
-    batch, total, num_heads, head_dim = q_BTNH.shape
-    if head_dim % 128:
-        raise ValueError(f"splash attention needs head_dim % 128 == 0, got {head_dim}")
-    num_kv = k_BSKH.shape[2]
-    q = (_grouped(q_BTNH, num_kv) * head_dim**-0.5).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
-    k, v = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)  # [B, K, T, H]
-
-    def with_block_size(block_size: int) -> Any:
-        kernel = _splash_kernel(mask.seq_len, block_size, num_heads // num_kv, min(tile, total),
-                                jax.devices()[0].platform != "tpu")
-
-        def one_row(q_row, k_row, v_row, seg_row):
-            per_kv_head = jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=SegmentIds(seg_row, seg_row)))
-            return per_kv_head(q_row, k_row, v_row)
-
-        return lambda q, k, v, seg: jax.vmap(one_row)(q, k, v, seg)  # [B, K, G, T, H]
-
-    low, high = mask.block_range()
-    if low == high:
-        out = with_block_size(low)(q, k, v, mask.segment_ids)
-    else:
-        out = jax.lax.switch(mask.block_size - low, [with_block_size(b) for b in range(low, high + 1)],
-                             q, k, v, mask.segment_ids)
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, total, num_heads, head_dim).astype(q_BTNH.dtype)

@@ -51,6 +51,7 @@ def _dense(features: int, bias: bool, name: str, cfg: ModelConfig) -> nn.Dense:
 
 class Attention(nn.Module):
     config: ModelConfig
+    mesh: Any = None  # the device mesh, for attention kernels that run per device (attention.py)
 
     @nn.compact
     def __call__(self, x_BTD, positions_BT, mask, cache_kv):
@@ -73,7 +74,7 @@ class Attention(nn.Module):
         if cache_kv is not None:
             cache_k, cache_v, cache_mask = cache_kv
             parts.insert(0, (cache_k.astype(k_BTKH.dtype), cache_v.astype(v_BTKH.dtype), cache_mask))
-        out = attention(q_BTNH, parts, cfg.attention).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
+        out = attention(q_BTNH, parts, cfg.attention, self.mesh).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
         return _dense(cfg.hidden_size, cfg.o_bias, "o_proj", cfg)(out), (k_BTKH, v_BTKH)
 
 
@@ -92,13 +93,14 @@ class DecoderLayer(nn.Module):
     """Pre-norm block; `(carry, per-layer input) -> (carry, per-layer output)` so it can be scanned."""
 
     config: ModelConfig
+    mesh: Any = None
 
     @nn.compact
     def __call__(self, x, positions, mask, cache_mask, cache_kv):
         cfg = self.config
         norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype)
         layer_cache = None if cache_kv is None else (cache_kv[0], cache_kv[1], cache_mask)
-        h, new_kv = Attention(cfg, name="self_attn")(
+        h, new_kv = Attention(cfg, self.mesh, name="self_attn")(
             RMSNorm(**norm, name="input_layernorm")(x), positions, mask, layer_cache)
         x = x + h
         x = x + MLP(cfg, name="mlp")(RMSNorm(**norm, name="post_attention_layernorm")(x))
@@ -113,9 +115,13 @@ def _layer_class(cfg: ModelConfig):
 
 
 class Transformer(nn.Module):
-    """Token ids + explicit positions (+ optional cache) -> logits and the new tokens' K/V."""
+    """Token ids + explicit positions (+ optional cache) -> logits and the new tokens' K/V.
+
+    `mesh`: the `(data, fsdp, tensor)` mesh the inputs are sharded over (training); attention kernels
+    that run per device (splash) then run on each device's share under `shard_map`."""
 
     config: ModelConfig
+    mesh: Any = None
 
     @nn.compact
     def __call__(
@@ -151,12 +157,12 @@ class Transformer(nn.Module):
                 in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
                 length=cfg.num_layers,
             )
-            x, (k_new, v_new) = stack(cfg, name="layers")(x, positions_BT, mask, cache_mask, cache_kv)
+            x, (k_new, v_new) = stack(cfg, self.mesh, name="layers")(x, positions_BT, mask, cache_mask, cache_kv)
         else:
             ks, vs = [], []
             for i in range(cfg.num_layers):
                 layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
-                x, (k, v) = layer_cls(cfg, name=f"layers_{i}")(x, positions_BT, mask, cache_mask, layer_kv)
+                x, (k, v) = layer_cls(cfg, self.mesh, name=f"layers_{i}")(x, positions_BT, mask, cache_mask, layer_kv)
                 ks.append(k)
                 vs.append(v)
             k_new, v_new = jnp.stack(ks), jnp.stack(vs)

@@ -73,7 +73,9 @@ def logical_axes(path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
     return (("layers",) if stacked else ()) + names
 
 
-def _spec(shape: tuple[int, ...], names: tuple[str | None, ...], mesh: Mesh) -> PartitionSpec:
+def logical_spec(shape: tuple[int, ...], names: tuple[str | None, ...], mesh: Mesh) -> PartitionSpec:
+    """The PartitionSpec of an array with these logical axis names; a dimension its mesh axes do not
+    divide is replicated."""
     axes = []
     for size, name in zip(shape, names):
         mesh_axes = LOGICAL_RULES.get(name) if name else None
@@ -87,7 +89,7 @@ def param_shardings(params: Any, mesh: Mesh) -> Any:
     """NamedShardings for a param tree (arrays or ShapeDtypeStructs), following the rules table."""
     def one(path, leaf):
         keys = tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
-        return NamedSharding(mesh, _spec(leaf.shape, logical_axes(keys, len(leaf.shape)), mesh))
+        return NamedSharding(mesh, logical_spec(leaf.shape, logical_axes(keys, len(leaf.shape)), mesh))
 
     return jax.tree_util.tree_map_with_path(one, params)
 

@@ -181,7 +181,7 @@ class Trainer:
             data_lib.check_mask_token_unused(packed, self.config.mask_token_id)
         self.rows = len(packed.tokens)
         self.dataset = data_lib.make_dataset(packed, cfg.train.batch_size, cfg.seed, cfg.train.steps)
-        self.model = Transformer(self.config)
+        self.model = Transformer(self.config, mesh=self.mesh)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
         self.state = self._sharded_state(params)
         self.iterator = iter(self.dataset.to_iter_dataset())

@@ -5,8 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax.attention import attention, blockwise_sbd_attention, reference_attention, splash_sbd_attention
+from sbd_jax.attention import attention, blockwise_sbd_attention, reference_attention
+from sbd_jax.errors import UserError
 from sbd_jax.masks import SBDTrainingMask, sbd_training_mask, tile_visits
+from sbd_jax.sharding import make_mesh
+from sbd_jax.splash import SBDSplashMask, splash_sbd_attention
 
 
 def spec_mask(seq_len, k):
@@ -130,3 +133,34 @@ def test_splash_with_a_traced_block_size_switches_to_that_sizes_kernel():
     seg = np.ones((1, 128), np.int32)
     kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
     assert_kernel_matches_reference(kernel, seg, 7, n_kv=1, g=2, h=128, seed=3, traced_range=(6, 8))
+
+
+def test_splash_mask_is_computed_from_indices_and_equals_the_spec():
+    mask = SBDSplashMask(64, 5)
+    np.testing.assert_array_equal(mask[:, :], spec_mask(64, 5))
+    np.testing.assert_array_equal(mask[64:96, 0:32], spec_mask(64, 5)[64:96, 0:32])
+    assert mask == SBDSplashMask(64, 5) and hash(mask) == hash(SBDSplashMask(64, 5)) and mask != SBDSplashMask(64, 6)
+
+
+@pytest.mark.parametrize("n_kv, g", [(2, 2), (2, 1)], ids=["gqa", "mha"])
+@pytest.mark.parametrize("k", [3, 16])
+def test_splash_under_a_2x2x2_mesh_equals_reference(n_kv, g, k):
+    """shard_map over (data, fsdp, tensor): batch 4 over data x fsdp, kv heads over tensor; packed rows."""
+    mesh = make_mesh((2, 2, 2))
+    seg = np.ones((4, 128), np.int32)
+    seg[1, 50:] = 2
+    seg[2, 90:] = 2
+    seg[3, -9:] = 0
+    kernel = lambda q, kk, v, mask: attention(q, [(kk, v, mask)], "splash", mesh)  # noqa: E731
+    assert_kernel_matches_reference(kernel, seg, k, n_kv=n_kv, g=g, h=128, seed=k)
+
+
+def test_explicit_splash_that_cannot_run_is_refused():
+    mask = SBDTrainingMask(jnp.ones((1, 256), jnp.int32), seq_len=128, block_size=4)
+    q = jnp.zeros((1, 256, 2, 64))
+    with pytest.raises(UserError, match="head_dim % 128"):
+        attention(q, [(q, q, mask)], "splash")
+    short = SBDTrainingMask(jnp.ones((1, 200), jnp.int32), seq_len=100, block_size=4)
+    q = jnp.zeros((1, 200, 2, 128))
+    with pytest.raises(UserError, match="seq_len=100"):
+        attention(q, [(q, q, short)], "splash")

@@ -71,6 +71,36 @@ def test_sharded_step_equals_single_device():
     assert mu["layers_0"]["self_attn"]["q_proj"]["kernel"].sharding.spec == P("fsdp", "tensor")
 
 
+def test_a_sharded_step_with_splash_under_the_mesh_equals_the_reference_step():
+    """The model given its mesh runs splash (Pallas interpret mode) per device inside the jitted step."""
+    opt = get_base().optimizer
+    tx, schedule = make_optimizer(opt, 10)
+    cfg = CFG.replace(vocab_size=64, mask_token_id=63, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=128)
+    params = init_params(cfg, seed=0)
+    rng = np.random.RandomState(1)
+    seg = np.ones((4, 128), np.int32)
+    seg[1, 70:] = 2
+    batch = Batch(jnp.asarray(rng.randint(0, 63, (4, 128)), jnp.int32), jnp.asarray(seg),
+                  jnp.asarray(np.where(seg == 2, np.arange(128) - 70, np.arange(128)), jnp.int32), jnp.ones((4, 128), bool))
+    mesh = sharding.make_mesh((2, 2, 2))
+
+    def run(model, mesh):
+        step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, objective="sbd", block_size=4,
+                                 mask_id=63, weights=(1.0, 1.0), eta_range=(0.0, 1.0), grad_accum=1)
+        sharded = jax.device_put(params, sharding.param_shardings(params, mesh))
+        args = (TrainState(jnp.int32(0), sharded, tx.init(sharded)),
+                jax.device_put(batch, sharding.batch_sharding(mesh)), jax.random.key(5))
+        return jax.jit(step)(*args), jax.jit(step).lower(*args).as_text()
+
+    (splash_state, splash_metrics), hlo = run(Transformer(cfg.replace(attention="splash"), mesh=mesh), mesh)
+    (ref_state, ref_metrics), _ = run(Transformer(cfg.replace(attention="reference")), mesh)
+    assert "manual_computation" in hlo  # the kernel ran per device, under shard_map
+    for name in ("loss", "ntp_loss", "matp_loss", "grad_norm"):
+        np.testing.assert_allclose(splash_metrics[name], ref_metrics[name], rtol=1e-5, err_msg=name)
+    for a, b in zip(jax.tree.leaves(splash_state.params), jax.tree.leaves(ref_state.params)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_gradient_accumulation_matches_one_big_batch():
     _, params, tx, batch, step = _setup(grad_accum=1)
     _, _, _, _, step4 = _setup(grad_accum=4)
