@@ -7,6 +7,11 @@ def get_base() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.multihost = False  # True: jax.distributed.initialize() (one process per host)
+    # Where the processes meet; empty / 0 / -1: detected from the cluster (TPU pod, Slurm, Open MPI).
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.coordinator_address = ""  # host:port of process 0
+    c.distributed.num_processes = 0
+    c.distributed.process_id = -1
     c.mesh = (1, -1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
     c.export_hf = True  # write workdir/hf (an HF directory with the mask token) at the end
     # Start from another run's checkpoint (state and data position) when this workdir has none:

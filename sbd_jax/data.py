@@ -166,18 +166,21 @@ def check_mask_token_unused(packed: Packed, mask_id: int) -> None:
 
 
 def make_dataset(packed: Packed, global_batch: int, seed: int, num_steps: int) -> grain.MapDataset:
-    """Batches of this host's share of the rows, reshuffled every epoch, enough for `num_steps`."""
-    host_batch, rem = divmod(global_batch, jax.process_count())
+    """This host's slice of each global batch of rows, reshuffled every epoch, enough for `num_steps`.
+
+    The global batches do not depend on how many hosts share them (a run resumed on another host count
+    sees the same batches); each host gathers only the rows of its slice."""
+    hosts, host = jax.process_count(), jax.process_index()
+    host_batch, rem = divmod(global_batch, hosts)
     if rem:
-        raise UserError(f"batch_size={global_batch} is not divisible by the {jax.process_count()} hosts")
+        raise UserError(f"batch_size={global_batch} is not divisible by the {hosts} hosts")
     rows = len(packed.tokens)
     if rows < global_batch:
         raise UserError(f"the data packs into {rows} rows of the sequence length, fewer than batch_size="
                         f"{global_batch}; add data or lower batch_size / seq_len")
     epochs = -(-num_steps * global_batch // rows) + 1
-    examples = grain.MapDataset.range(rows)[jax.process_index()::jax.process_count()]
     # A new order every epoch, and the first epochs' order does not depend on how many follow: runs of
     # different lengths (a branch off a longer run) see the same batches at the same steps.
-    dataset = examples.shuffle(seed=seed).repeat(epochs)
-    return dataset.map(lambda i: {name: getattr(packed, name)[i] for name in Packed._fields}).batch(
-        host_batch, drop_remainder=True)
+    batches = grain.MapDataset.range(rows).shuffle(seed=seed).repeat(epochs).batch(global_batch, drop_remainder=True)
+    mine = slice(host * host_batch, (host + 1) * host_batch)
+    return batches.map(lambda ids: {name: getattr(packed, name)[ids[mine]] for name in Packed._fields})

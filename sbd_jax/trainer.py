@@ -164,7 +164,7 @@ class Trainer:
     def __init__(self, cfg: ml_collections.ConfigDict, workdir: str):
         validate(cfg)
         if cfg.multihost:
-            jax.distributed.initialize()
+            _initialize_distributed(cfg.distributed)
         self.cfg, self.workdir = cfg, workdir
         self.mesh = sharding.make_mesh(tuple(cfg.mesh))
         batch_ways = math.prod(self.mesh.shape[a] for a in sharding.LOGICAL_RULES["batch"])
@@ -328,6 +328,15 @@ class Trainer:
         params = jax.device_get(self.state.params)
         if jax.process_index() == 0:
             save_hf(path, self.config.replace(param_dtype="float32"), params, tokenizer=self.tokenizer)
+
+
+def _initialize_distributed(d: ml_collections.ConfigDict) -> None:
+    """Joins the job's other processes; what the config leaves unset is detected from the cluster."""
+    # CPU hosts need a collectives library for cross-process arrays; GPU and TPU runs are unaffected.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    given = dict(coordinator_address=d.coordinator_address or None, num_processes=d.num_processes or None,
+                 process_id=d.process_id if d.process_id >= 0 else None)
+    jax.distributed.initialize(**{name: value for name, value in given.items() if value is not None})
 
 
 @contextlib.contextmanager

@@ -1,0 +1,63 @@
+"""A real two-process training job on this machine: jax.distributed over 127.0.0.1, CPU collectives
+(gloo), 4 simulated devices per process, one (2, 2, 2) mesh spanning both; killed and resumed."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from tests.conftest import requires_smollm2
+from tests.test_train import losses
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(workdir, process_id, num_processes, port, kill_at=0):
+    devices = 8 // num_processes
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.Popen([sys.executable, "-m", "tests.distributed_worker", str(workdir), str(process_id),
+                             str(num_processes), str(port), str(kill_at)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def job(workdir, num_processes, kill_at=0):
+    port = free_port()
+    procs = [start(workdir, i, num_processes, port, kill_at) for i in range(num_processes)]
+    try:
+        return [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+
+
+@requires_smollm2
+def test_two_processes_train_kill_resume_and_equal_one_process_on_eight_devices(tmp_path):
+    alone = job(tmp_path / "one", 1)
+    assert alone[0][0] == 0, alone[0][1][-3000:]
+
+    killed = job(tmp_path / "two", 2, kill_at=5)  # both die asking for step 5's batch, after step 4's save
+    assert all(code == -9 for code, _ in killed), [err[-2000:] for _, err in killed]
+    resumed = job(tmp_path / "two", 2)
+    assert all(code == 0 for code, _ in resumed), [err[-3000:] for _, err in resumed]
+
+    expected, got = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [step for step, *_ in got] == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose(np.array(got)[:, 1:], np.array(expected)[:, 1:], rtol=1e-5, atol=1e-5)
+
+    # Each host read only its own half of each global batch: its rows, in order, and nothing else.
+    single = json.loads((tmp_path / "one" / "host0.json").read_text())["tokens"]
+    hosts = [json.loads((tmp_path / "two" / f"host{i}.json").read_text()) for i in range(2)]
+    begin = hosts[0]["start"]
+    assert begin in (2, 4) and hosts[1]["start"] == begin  # resumed from a checkpoint written before the kill
+    for i, host in enumerate(hosts):
+        assert [np.shape(batch) for batch in host["tokens"]] == [(4, 64)] * (6 - begin)
+        assert host["tokens"] == [batch[4 * i: 4 * (i + 1)] for batch in single[begin:]]
