@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import statistics
 import sys
@@ -21,6 +20,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from timing import write_json  # noqa: E402
 
 
 def compiled_memory_gib(compiled) -> float:
@@ -89,18 +91,49 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     return compiled, (state, batch, *args)
 
 
+def hlo_flops(compiled) -> float:
+    """FLOPs of one call by XLA's cost analysis of the compiled step."""
+    cost = compiled.cost_analysis()
+    return float((cost[0] if isinstance(cost, list) else cost)["flops"])
+
+
 def step_report(name, config, batch_size, seq_len, repeats) -> dict:
+    """SBD and NTP steps timed interleaved (NTP, SBD, NTP, SBD, ...; medians), so a slow spell of the
+    machine hits both; plus the variants that say where SBD's extra cost goes: NTP on 2L tokens (the
+    layout's inherent cost: 2x the tokens, 4x the attention scores) and SBD with the other attention path."""
     import jax
 
-    row = {"shape": name, "batch": batch_size, "seq_len": seq_len}
+    from sbd_jax.attention import uses_blockwise
+    from sbd_jax.roofline import shape_of, training_flops_per_token
+
+    chosen = "blockwise" if uses_blockwise(seq_len) else "reference"
+    other = "reference" if chosen == "blockwise" else "blockwise"
+    variants = {"ntp": (config, "ntp", seq_len), "sbd": (config, "sbd", seq_len),
+                "ntp_2L": (config, "ntp", 2 * seq_len),
+                f"sbd_{other}": (config.replace(attention=other), "sbd", seq_len)}
+    compiled = {key: compiled_step(cfg, objective, batch_size, length) for key, (cfg, objective, length) in variants.items()}
+    row = {"shape": name, "batch": batch_size, "seq_len": seq_len, "sbd_attention": chosen,
+           "params_million": sum(x.size for x in jax.tree.leaves(compiled["ntp"][1][0].params)) / 1e6}
+    states = {key: args[0] for key, (_, args) in compiled.items()}
+    times: dict[str, list[float]] = {key: [] for key in compiled}
+    for _ in range(repeats + 1):  # the first round warms up and is dropped
+        for key, (step, args) in compiled.items():
+            began = time.perf_counter()
+            out = jax.block_until_ready(step(states[key], *args[1:]))
+            times[key].append(time.perf_counter() - began)
+            states[key] = out[0]
+    for key, (step, _) in compiled.items():
+        row[f"{key}_step_s"] = statistics.median(times[key][1:])
+        row[f"{key}_hlo_gflops"] = hlo_flops(step) / 1e9
+        row[f"{key}_memory_gib"] = compiled_memory_gib(step)
     for objective in ("ntp", "sbd"):
-        compiled, args = compiled_step(config, objective, batch_size, seq_len)
-        row["params_million"] = sum(x.size for x in jax.tree.leaves(args[0].params)) / 1e6
-        seconds = time_compiled(compiled, args, repeats, donate=True)
-        row[f"{objective}_step_s"] = seconds
-        row[f"{objective}_tokens_per_s"] = batch_size * seq_len / seconds
-        row[f"{objective}_memory_gib"] = compiled_memory_gib(compiled)
+        row[f"{objective}_tokens_per_s"] = batch_size * seq_len / row[f"{objective}_step_s"]
+        row[f"{objective}_model_gflops"] = training_flops_per_token(shape_of(config), objective) * batch_size * seq_len / 1e9
     row["sbd_over_ntp_time"] = row["sbd_step_s"] / row["ntp_step_s"]
+    row["sbd_over_ntp_time_pairwise_median"] = statistics.median(
+        s / n for s, n in zip(times["sbd"][1:], times["ntp"][1:]))
+    row["ntp_2L_over_ntp_time"] = row["ntp_2L_step_s"] / row["ntp_step_s"]
+    row["sbd_over_ntp_hlo_flops"] = row["sbd_hlo_gflops"] / row["ntp_hlo_gflops"]
     return row
 
 
@@ -135,7 +168,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["tiny", "smollm2"])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--attn-len", type=int, default=4096)
+    parser.add_argument("--attn-len", type=int, default=4096, help="0 skips the attention section")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
@@ -145,20 +178,26 @@ def main() -> None:
     for name, config in model_configs(args.shapes):
         row = step_report(name, config, args.batch, args.seq_len, args.repeats)
         steps.append(row)
-        print(f"{name} ({row['params_million']:.0f}M params, batch {args.batch}, L={args.seq_len}): NTP "
-              f"{row['ntp_tokens_per_s']:.0f} tok/s, SBD {row['sbd_tokens_per_s']:.0f} tok/s -> SBD/NTP time "
-              f"{row['sbd_over_ntp_time']:.2f}x; memory NTP {row['ntp_memory_gib']:.2f} GiB, SBD "
-              f"{row['sbd_memory_gib']:.2f} GiB", flush=True)
-    attn = attention_report(args.attn_len, args.repeats)
-    print(f"attention fwd+bwd at L={args.attn_len} (2L={2 * args.attn_len}): blockwise "
-          f"{attn['blockwise_fwd_bwd_s']:.2f}s / {attn['blockwise_memory_gib']:.2f} GiB, dense "
-          f"{attn['dense_fwd_bwd_s']:.2f}s / {attn['dense_memory_gib']:.2f} GiB -> dense/blockwise time "
-          f"{attn['dense_over_blockwise_time']:.2f}x, memory {attn['dense_over_blockwise_memory']:.1f}x", flush=True)
+        print(f"{name} ({row['params_million']:.0f}M params, batch {args.batch}, L={args.seq_len}, medians of "
+              f"{args.repeats} interleaved): NTP {row['ntp_tokens_per_s']:.0f} tok/s, SBD {row['sbd_tokens_per_s']:.0f} "
+              f"tok/s ({row['sbd_attention']} attention) -> SBD/NTP time {row['sbd_over_ntp_time']:.2f}x; NTP on 2L "
+              f"{row['ntp_2L_over_ntp_time']:.2f}x; XLA FLOPs SBD/NTP {row['sbd_over_ntp_hlo_flops']:.2f}x (SBD "
+              f"{row['sbd_hlo_gflops']:.0f} GFLOP vs 6N x 2L tokens {row['sbd_model_gflops']:.0f}); memory NTP "
+              f"{row['ntp_memory_gib']:.2f} GiB, SBD {row['sbd_memory_gib']:.2f} GiB", flush=True)
+        print("  " + ", ".join(f"{k[:-7]} {v:.3f}s" for k, v in row.items() if k.endswith("_step_s")), flush=True)
     device = jax.devices()[0]
     out = os.path.join(ROOT, "benchmarks", "results", f"train_step_{device.platform}.json")
-    with open(out, "w") as f:
-        json.dump({"platform": device.platform, "device": device.device_kind, "cpu_count": os.cpu_count(),
-                   "jax": jax.__version__, "steps": steps, "attention": attn}, f, indent=2)
+    result = {"platform": device.platform, "device": device.device_kind, "cpu_count": os.cpu_count(),
+              "jax": jax.__version__, "steps": steps}
+    write_json(out, result)  # before the attention section, which needs much more memory
+    if args.attn_len:
+        jax.clear_caches()
+        attn = attention_report(args.attn_len, args.repeats)
+        print(f"attention fwd+bwd at L={args.attn_len} (2L={2 * args.attn_len}): blockwise "
+              f"{attn['blockwise_fwd_bwd_s']:.2f}s / {attn['blockwise_memory_gib']:.2f} GiB, dense "
+              f"{attn['dense_fwd_bwd_s']:.2f}s / {attn['dense_memory_gib']:.2f} GiB -> dense/blockwise time "
+              f"{attn['dense_over_blockwise_time']:.2f}x, memory {attn['dense_over_blockwise_memory']:.1f}x", flush=True)
+        write_json(out, {**result, "attention": attn})
     print(f"wrote {out}")
 
 

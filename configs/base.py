@@ -31,6 +31,10 @@ def get_base() -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.files = ()  # JSONL (text / messages) or text files, globs allowed; a tuple, for --config overrides
     c.data.seq_len = 256
+    # Streamed (sbd_jax/streaming.py): the global batch is every shard's next rows; shard s is read by host
+    # s % hosts. 0 = one shard per host. Batches depend on (files, seed, shards, workers), not on hosts.
+    c.data.shards = 0
+    c.data.workers = 2  # Grain worker processes per shard that read, tokenize and pack (0: in the main process)
     c.data.mask_token = "new"  # 'new' (a new embedding row), an existing token's text, or its id ("198")
 
     c.objective = ml_collections.ConfigDict()

@@ -1,10 +1,10 @@
-"""Training data: local JSONL (`text`, chat `messages`, or `prompt` + `completion`) and plain text files
--> packed Grain batches.
+"""Training documents: local JSONL (`text`, chat `messages`, or `prompt` + `completion`) and plain text
+files -> token ids with loss masks -> packed fixed-length rows.
 
 Documents are tokenized (chat through the model's template, loss on assistant tokens only; a prompt
-as raw text, loss on its completion only), packed
-best-fit into fixed-length rows with segment ids and per-document positions, then served by a Grain
-`MapDataset`: deterministic shuffle, sharded per host, and an iterator whose state is checkpointed.
+as raw text, loss on its completion only) and packed best-fit into rows with segment ids and
+per-document positions. `streaming.py` runs this on the fly for training; `load_packed` does it at
+once for small evaluation sets.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ import glob
 import os
 from typing import Any, Iterator, NamedTuple, Sequence
 
-import grain
-import jax
 import numpy as np
 
 from sbd_jax.errors import UserError
@@ -59,16 +57,21 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
             yield {"text": text}
         return
     for number, record in iter_jsonl(path):
-        ok_text = isinstance(record, dict) and isinstance(record.get("text"), str)
-        ok_chat = isinstance(record, dict) and isinstance(record.get("messages"), list) and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-            for m in record["messages"])
-        ok_completion = isinstance(record, dict) and all(isinstance(record.get(k), str) and record[k]
-                                                         for k in ("prompt", "completion"))
-        if not (ok_text or ok_chat or ok_completion):
-            raise UserError(f'{path}:{number}: expected {{"text": "..."}}, {{"messages": [{{"role": ..., '
-                            f'"content": ...}}, ...]}} or {{"prompt": "...", "completion": "..."}} (both non-empty)')
-        yield record
+        yield checked_record(record, f"{path}:{number}")
+
+
+def checked_record(record: Any, where: str) -> dict[str, Any]:
+    """The record if it has one of the accepted shapes, else a UserError naming `where` (file:line)."""
+    ok_text = isinstance(record, dict) and isinstance(record.get("text"), str)
+    ok_chat = isinstance(record, dict) and isinstance(record.get("messages"), list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in record["messages"])
+    ok_completion = isinstance(record, dict) and all(isinstance(record.get(k), str) and record[k]
+                                                     for k in ("prompt", "completion"))
+    if not (ok_text or ok_chat or ok_completion):
+        raise UserError(f'{where}: expected {{"text": "..."}}, {{"messages": [{{"role": ..., '
+                        f'"content": ...}}, ...]}} or {{"prompt": "...", "completion": "..."}} (both non-empty)')
+    return record
 
 
 def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
@@ -149,6 +152,7 @@ def segment_positions(segments: np.ndarray) -> np.ndarray:
 
 
 def load_packed(files: Sequence[str], tokenizer: Any, seq_len: int) -> Packed:
+    """Every document of `files`, tokenized and packed in memory (evaluation sets; training streams)."""
     documents = [tokenize(r, tokenizer) for path in expand_paths(files) for r in read_records(path)]
     documents = [d for d in documents if d.ids]
     if not documents:
@@ -156,31 +160,3 @@ def load_packed(files: Sequence[str], tokenizer: Any, seq_len: int) -> Packed:
     if not any(any(d.loss_mask) for d in documents):
         raise UserError("no token in the data carries loss (chat data without assistant turns?)")
     return pack(documents, seq_len)
-
-
-def check_mask_token_unused(packed: Packed, mask_id: int) -> None:
-    used = int((packed.tokens[packed.segment_ids > 0] == mask_id).sum())
-    if used:
-        raise UserError(f"mask token id {mask_id} occurs {used} times in the training data; choose a token "
-                        "the data never uses (or data.mask_token='new' for a new embedding row)")
-
-
-def make_dataset(packed: Packed, global_batch: int, seed: int, num_steps: int) -> grain.MapDataset:
-    """This host's slice of each global batch of rows, reshuffled every epoch, enough for `num_steps`.
-
-    The global batches do not depend on how many hosts share them (a run resumed on another host count
-    sees the same batches); each host gathers only the rows of its slice."""
-    hosts, host = jax.process_count(), jax.process_index()
-    host_batch, rem = divmod(global_batch, hosts)
-    if rem:
-        raise UserError(f"batch_size={global_batch} is not divisible by the {hosts} hosts")
-    rows = len(packed.tokens)
-    if rows < global_batch:
-        raise UserError(f"the data packs into {rows} rows of the sequence length, fewer than batch_size="
-                        f"{global_batch}; add data or lower batch_size / seq_len")
-    epochs = -(-num_steps * global_batch // rows) + 1
-    # A new order every epoch, and the first epochs' order does not depend on how many follow: runs of
-    # different lengths (a branch off a longer run) see the same batches at the same steps.
-    batches = grain.MapDataset.range(rows).shuffle(seed=seed).repeat(epochs).batch(global_batch, drop_remainder=True)
-    mine = slice(host * host_batch, (host + 1) * host_batch)
-    return batches.map(lambda ids: {name: getattr(packed, name)[ids[mine]] for name in Packed._fields})

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any, Iterator
 
+import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -25,8 +26,8 @@ import numpy as np
 import optax
 from flax import struct
 
-from sbd_jax import data as data_lib
-from sbd_jax import sharding
+from sbd_jax import sharding, streaming
+from sbd_jax.data import Packed
 from sbd_jax.checkpoints.load import load_model, resolve
 from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
@@ -151,6 +152,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise UserError(f"optimizer.decay_steps={cfg.optimizer.decay_steps} must be in [0, train.steps]")
     if cfg.init_from and not os.path.isdir(os.path.join(cfg.init_from, "checkpoints")):
         raise UserError(f"init_from={cfg.init_from!r} holds no checkpoints/ directory: give another run's workdir")
+    if cfg.data.shards < 0 or cfg.data.workers < 0:
+        raise UserError(f"data.shards={cfg.data.shards} and data.workers={cfg.data.workers} must be >= 0")
     if cfg.train.log_every < 1:
         raise UserError(f"train.log_every={cfg.train.log_every} must be >= 1 (steps between metric fetches)")
     if cfg.train.batch_size % cfg.train.grad_accum:
@@ -176,15 +179,12 @@ class Trainer:
         if cfg.objective.kind == "sbd":
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
-        packed = data_lib.load_packed(cfg.data.files, self.tokenizer, cfg.data.seq_len)
-        if self.config.mask_token_id is not None:
-            data_lib.check_mask_token_unused(packed, self.config.mask_token_id)
-        self.rows = len(packed.tokens)
-        self.dataset = data_lib.make_dataset(packed, cfg.train.batch_size, cfg.seed, cfg.train.steps)
+        self.iterator = streaming.host_batches(
+            cfg.data.files, self.tokenizer, cfg.data.seq_len, cfg.train.batch_size, cfg.seed, cfg.train.steps,
+            cfg.data.shards, cfg.data.workers, jax.process_index(), jax.process_count())
         self.model = Transformer(self.config, mesh=self.mesh)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
         self.state = self._sharded_state(params)
-        self.iterator = iter(self.dataset.to_iter_dataset())
         self._step: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -225,10 +225,23 @@ class Trainer:
         self._step = step.lower(*example).compile()
         return self._step, time.perf_counter() - began
 
+    def _checked(self, host_batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
+        """Refuses a batch whose tokens include the mask token (the model could not tell them apart) or
+        that carries no loss at all (chat data without assistant turns)."""
+        mask_id, real = self.config.mask_token_id, host_batch["segment_ids"] > 0
+        used = 0 if mask_id is None else int((host_batch["tokens"][real] == mask_id).sum())
+        if used:
+            raise UserError(f"mask token id {mask_id} occurs {used} times in the training data (step {step}'s "
+                            "batch); choose a token the data never uses (or data.mask_token='new' for a new "
+                            "embedding row)")
+        if not host_batch["loss_mask"].any():
+            raise UserError(f"step {step}'s batch has no token that carries loss (chat data without assistant turns?)")
+        return host_batch
+
     def global_batch(self, host_batch: dict[str, np.ndarray]) -> Batch:
         batch_sh = sharding.batch_sharding(self.mesh)
         return Batch(*[jax.make_array_from_process_local_data(batch_sh, host_batch[name])
-                       for name in data_lib.Packed._fields])
+                       for name in Packed._fields])
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoint_manager(self, workdir: str | None = None):
@@ -261,13 +274,12 @@ class Trainer:
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state)
         try:
             restored = manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+                state=ocp.args.StandardRestore(abstract), data=grain.checkpoint.CheckpointRestore(self.iterator)))
         except Exception as e:  # orbax raises many types for a foreign or damaged checkpoint
             raise UserError(f"cannot restore the checkpoint of step {step} in {where} "
                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it does not match this "
                             "config or is damaged: use another --workdir or delete it") from None
         self.state = restored["state"]
-        self.iterator.set_state(restored["data"])
         return step
 
     # ------------------------------------------------------------------ loop
@@ -289,7 +301,7 @@ class Trainer:
         with open(metrics_path, "a") as log, _finishing_saves(manager):
             for step in range(start, total):
                 k = block_size_for_step(self.cfg, step)
-                batch = self.global_batch(next(self.iterator))
+                batch = self.global_batch(self._checked(next(self.iterator), step + 1))
                 rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
                 block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
                 compiled, compile_seconds = self.compiled_step((self.state, batch, rng, block_size))
@@ -310,7 +322,7 @@ class Trainer:
                 progress.update(rows[-1])
                 if checkpoint:
                     manager.save(step + 1, force=True, args=ocp.args.Composite(
-                        state=ocp.args.StandardSave(self.state), data=ocp.args.JsonSave(self.iterator.get_state())))
+                        state=ocp.args.StandardSave(self.state), data=grain.checkpoint.CheckpointSave(streaming.Snapshot(self.iterator.get_state()))))
         progress.close()
         if self.cfg.export_hf:
             self.export(os.path.join(self.workdir, "hf"))
@@ -322,12 +334,12 @@ class Trainer:
         return training_flops_per_token(shape, self.cfg.objective.kind) * self.cfg.train.batch_size * self.cfg.data.seq_len
 
     def export(self, path: str) -> None:
-        """Writes the trained model (with its mask token) as an HF directory."""
+        """Writes the trained model (with its mask token) as an HF directory. Every process takes part
+        (parameters may be sharded across hosts); process 0 writes, one safetensors file at a time."""
         from sbd_jax.checkpoints.hf import save_hf
 
-        params = jax.device_get(self.state.params)
-        if jax.process_index() == 0:
-            save_hf(path, self.config.replace(param_dtype="float32"), params, tokenizer=self.tokenizer)
+        save_hf(path, self.config.replace(param_dtype="float32"), self.state.params,
+                tokenizer=self.tokenizer if jax.process_index() == 0 else None)
 
 
 def _initialize_distributed(d: ml_collections.ConfigDict) -> None:

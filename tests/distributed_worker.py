@@ -4,7 +4,7 @@
 
 NUM_PROCESSES 1 trains alone on 8 devices; otherwise the process joins the job through
 jax.distributed (coordinator on 127.0.0.1:PORT). Writes `host{PROCESS_ID}.json`: the step it resumed
-from and the token ids of every host batch it read. KILL_AT > 0: SIGKILLs itself when asked for that
+from and the token ids of every host batch it read; the run ends with the HF export (`WORKDIR/hf`). KILL_AT > 0: SIGKILLs itself when asked for that
 many batches, mid-run.
 """
 
@@ -39,7 +39,8 @@ class Recording:
 
 def main(workdir: str, process_id: int, num_processes: int, port: int, kill_at: int) -> None:
     cfg = quick_config(train__steps=6, train__log_every=1, checkpoint__every=2)
-    cfg.mesh, cfg.export_hf = (2, 2, 2), False
+    cfg.mesh = (2, 2, 2)  # export_hf stays on: the export gathers parameters sharded across processes
+    cfg.data.shards = 2  # the global batches of two hosts, also when one process reads both shards
     if num_processes > 1:
         cfg.multihost = True
         cfg.distributed.coordinator_address = f"127.0.0.1:{port}"

@@ -1,5 +1,5 @@
 """A real two-process training job on this machine: jax.distributed over 127.0.0.1, CPU collectives
-(gloo), 4 simulated devices per process, one (2, 2, 2) mesh spanning both; killed and resumed."""
+(gloo), 4 simulated devices per process, one (2, 2, 2) mesh spanning both; killed, resumed, exported."""
 
 import json
 import os
@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+from safetensors.numpy import load_file
 
 from tests.conftest import requires_smollm2
 from tests.test_train import losses
@@ -61,3 +62,9 @@ def test_two_processes_train_kill_resume_and_equal_one_process_on_eight_devices(
     for i, host in enumerate(hosts):
         assert [np.shape(batch) for batch in host["tokens"]] == [(4, 64)] * (6 - begin)
         assert host["tokens"] == [batch[4 * i: 4 * (i + 1)] for batch in single[begin:]]
+
+    # The HF export of parameters sharded across the two processes equals the single process's export.
+    exported = [load_file(str(tmp_path / run / "hf" / "model.safetensors")) for run in ("one", "two")]
+    assert exported[0].keys() == exported[1].keys()
+    for name in exported[0]:
+        np.testing.assert_allclose(exported[1][name], exported[0][name], atol=1e-5, rtol=1e-5, err_msg=name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Callable, Collection, Iterator
 
@@ -39,6 +40,21 @@ def tensor_names(cfg: ModelConfig) -> Iterator[tuple[str, tuple[str, ...], bool]
     yield "model.norm.weight", ("norm", "weight"), False
     if not cfg.tie_word_embeddings:
         yield "lm_head.weight", ("lm_head", "kernel"), True
+
+
+def _param(params: dict, ours: tuple[str, ...]) -> tuple[Any, Callable[[], Any]]:
+    """(shape-and-dtype, fetch) of the param at our unstacked path, also when layers are stacked (scan):
+    a layer's slice is taken only when fetched."""
+    if "layers" in params and ours[0].startswith("layers_"):
+        node = params["layers"]
+        for key in ours[1:]:
+            node = node[key]
+        layer = int(ours[0].split("_")[1])
+        return jax.ShapeDtypeStruct(node.shape[1:], node.dtype), lambda: node[layer]
+    node = params
+    for key in ours:
+        node = node[key]
+    return jax.ShapeDtypeStruct(node.shape, node.dtype), lambda: node
 
 
 def stack_layers(params: dict, num_layers: int) -> dict:
@@ -160,37 +176,44 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, tokenizer: Any = None,
             max_shard_bytes: int = 5 * 2**30) -> None:
     """Writes params as an HF directory that `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
-    Tensors are saved in `cfg.param_dtype`; files above `max_shard_bytes` are split with an index.
-    The tokenizer, if given (any object with `save_pretrained`), is saved alongside.
+    `params` may be numpy arrays or device arrays sharded over many hosts; then every process must call
+    this (each tensor is gathered with a collective) and process 0 writes. Files are planned from shapes
+    alone (split above `max_shard_bytes`, with an index) and filled one at a time, so a host holds at
+    most one file's tensors. The tokenizer, if given (any object with `save_pretrained`), is saved alongside.
     """
-    os.makedirs(path, exist_ok=True)
-    flat = unstack_layers(jax.device_get(params), cfg.num_layers)
-    tensors: dict[str, np.ndarray] = {}
-    for name, ours, transposed in tensor_names(cfg):
-        node = flat
-        for key in ours:
-            node = node[key]
-        array = np.asarray(node)
-        tensors[name] = np.ascontiguousarray(array.T if transposed else array)
-    shards: list[dict[str, np.ndarray]] = [{}]
+    from jax.experimental import multihost_utils
+
+    writer = jax.process_index() == 0
+    if writer:
+        os.makedirs(path, exist_ok=True)
+    tensors = [(name, *_param(params, ours), transposed) for name, ours, transposed in tensor_names(cfg)]
+    files: list[list[tuple]] = [[]]
     size = 0
-    for name, array in tensors.items():
-        if size and size + array.nbytes > max_shard_bytes:
-            shards.append({})
+    for tensor in tensors:
+        nbytes = math.prod(tensor[1].shape) * tensor[1].dtype.itemsize
+        if size and size + nbytes > max_shard_bytes:
+            files.append([])
             size = 0
-        shards[-1][name] = array
-        size += array.nbytes
-    if len(shards) == 1:
-        save_file(shards[0], os.path.join(path, _SINGLE), metadata={"format": "pt"})
-    else:
-        weight_map = {}
-        for i, shard in enumerate(shards):
-            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, os.path.join(path, file), metadata={"format": "pt"})
-            weight_map.update({name: file for name in shard})
+        files[-1].append(tensor)
+        size += nbytes
+    names = [_SINGLE] if len(files) == 1 else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+                                               for i in range(len(files))]
+    for file, members in zip(names, files):
+        arrays = {}
+        for name, _, fetch, transposed in members:
+            array = fetch()
+            array = np.asarray(multihost_utils.process_allgather(array, tiled=True)
+                               if isinstance(array, jax.Array) else array)
+            arrays[name] = np.ascontiguousarray(array.T if transposed else array)
+        if writer:
+            save_file(arrays, os.path.join(path, file), metadata={"format": "pt"})
+    if not writer:
+        return
+    if len(files) > 1:
+        weight_map = {name: file for file, members in zip(names, files) for name, *_ in members}
+        total = sum(math.prod(t[1].shape) * t[1].dtype.itemsize for t in tensors)
         with open(os.path.join(path, _INDEX), "w") as f:
-            json.dump({"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
-                       "weight_map": weight_map}, f, indent=2)
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(cfg.to_hf(), f, indent=2)
     if tokenizer is not None:

@@ -1,0 +1,276 @@
+"""The training data stream: files read lazily in chunks, tokenized and packed on the fly, with Grain.
+
+A corpus is cut into chunks: byte ranges of JSONL files (`CHUNK_BYTES`; a line belongs to the chunk it
+starts in) or whole text files. The chunk sequence, shuffled anew every epoch and repeated, is dealt
+round-robin to `shards` streams; shard s belongs to host s % hosts, so a host opens only its shards'
+chunks, and within a shard each Grain worker process takes every W-th of its chunks. A stream parses
+its records, tokenizes them, packs documents best-fit into rows a window of `WINDOW_ROWS` rows at a
+time (documents shuffled within the window first), and batches the rows. A global batch is every
+shard's next batch, in shard order: batches are a function of (files, seed, shards, workers), not of
+the host count, so one process given `shards=2` sees what two hosts see together. Host memory is
+bounded by the window and the prefetch buffers, whatever the corpus size.
+
+The state (per shard: chunk number, byte offset of the next line, rows already served from the current
+window; per worker under multiprocessing) is saved by each host with the train state, so a resumed run
+reads on from exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import grain
+import numpy as np
+from absl import flags
+
+from sbd_jax.data import Document, Packed, checked_record, expand_paths, pack, tokenize
+from sbd_jax.errors import UserError
+
+CHUNK_BYTES = 16 << 20  # the unit of reading dealt to hosts and workers, and of the shuffle across the corpus
+WINDOW_ROWS = 64  # documents are shuffled and packed this many rows' worth at a time
+
+
+class Chunk(NamedTuple):
+    """Lines of `path` that start in bytes [start, end); end -1: the whole (text) file as one record."""
+
+    path: str
+    start: int
+    end: int
+
+
+def plan_chunks(files: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> list[Chunk]:
+    """The chunks of the files, from their sizes only (nothing is read)."""
+    chunks = []
+    for path in files:
+        if not path.endswith((".jsonl", ".json")):
+            chunks.append(Chunk(path, 0, -1))
+            continue
+        size = os.path.getsize(path)
+        chunks += [Chunk(path, start, min(start + chunk_bytes, size)) for start in range(0, max(size, 1), chunk_bytes)]
+    return chunks
+
+
+class _Records(grain.IterDataset):
+    """The records of a sequence of chunks (its parent, a MapDataset), read lazily and in order.
+
+    Grain's worker processes divide the chunks between them by slicing this dataset (`set_slice`)."""
+
+    def __init__(self, chunks: grain.MapDataset):
+        super().__init__(chunks)
+        self._chunks = chunks
+
+    def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
+        del sequential_slice
+        self._chunks = self._chunks[sl]
+
+    def __iter__(self) -> "_RecordsIterator":
+        return _RecordsIterator(self._chunks)
+
+
+class _RecordsIterator(grain.DatasetIterator):
+    def __init__(self, chunks: grain.MapDataset):
+        super().__init__()
+        self._chunks = chunks
+        self._state = {"chunk": 0, "offset": -1, "line": 0}  # offset -1: the chunk is not started
+        self._lines: Iterator[dict[str, Any]] | None = None
+
+    def __next__(self) -> dict[str, Any]:
+        while True:
+            if self._lines is None:
+                if self._state["chunk"] >= len(self._chunks):
+                    raise StopIteration
+                self._lines = self._read(self._chunks[self._state["chunk"]])
+            record = next(self._lines, None)
+            if record is not None:
+                return record
+            self._lines = None
+            self._state = {"chunk": self._state["chunk"] + 1, "offset": -1, "line": 0}
+
+    def _read(self, chunk: Chunk) -> Iterator[dict[str, Any]]:
+        """Records from the state's position on, advancing the state past each one before it is yielded."""
+        if chunk.end == -1:
+            if self._state["offset"] == -1:
+                self._state["offset"] = 0
+                with open(chunk.path, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+                if text.strip():
+                    yield {"text": text}
+            return
+        with open(chunk.path, "rb") as f:
+            position = self._state["offset"]
+            if position == -1:
+                position = chunk.start
+                if chunk.start > 0:  # a line running into the chunk belongs to the chunk it starts in
+                    f.seek(chunk.start - 1)
+                    position = chunk.start - 1 + len(f.readline())
+            f.seek(position)
+            while position < chunk.end:
+                line = f.readline()
+                if not line:
+                    return
+                position += len(line)
+                number = self._state["line"] + 1
+                self._state.update(offset=position, line=number)
+                if line.strip():
+                    # Line numbers count from the file's start only in its first chunk; later chunks name bytes.
+                    where = f"{chunk.path}:{number}" if chunk.start == 0 else f"{chunk.path} (line at byte {position - len(line)})"
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+                    yield checked_record(record, where)
+
+    def get_state(self) -> dict[str, Any]:
+        return dict(self._state)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._state, self._lines = dict(state), None
+
+
+def _as_arrays(document: Document) -> dict[str, np.ndarray]:
+    return {"ids": np.asarray(document.ids, np.int32), "loss_mask": np.asarray(document.loss_mask, bool)}
+
+
+class _Pack(grain.IterDataset):
+    """Rows of `seq_len` packed from a stream of documents (`{"ids", "loss_mask"}` arrays), a window at a time."""
+
+    def __init__(self, documents: grain.IterDataset, seq_len: int, seed: int):
+        super().__init__(documents)
+        self._seq_len, self._seed = seq_len, seed
+
+    def __iter__(self) -> "_PackIterator":
+        return _PackIterator(self._parent.__iter__(), self._seq_len, self._seed)
+
+
+class _PackIterator(grain.DatasetIterator):
+    """State: the documents' iterator state where the current window began, the window's number, and
+    how many of its rows were served; restoring re-reads and re-packs that window (deterministic)."""
+
+    def __init__(self, documents: grain.DatasetIterator, seq_len: int, seed: int):
+        super().__init__(documents)
+        self._seq_len, self._seed = seq_len, seed
+        self._window, self._served, self._start = -1, 0, documents.get_state()
+        self._rows: list[dict[str, np.ndarray]] = []
+
+    def _fill(self) -> None:
+        self._start = self._parent.get_state()
+        self._window += 1
+        self._served = 0
+        documents, tokens = [], 0
+        while tokens < WINDOW_ROWS * self._seq_len:
+            try:
+                d = next(self._parent)
+            except StopIteration:
+                break
+            documents.append(Document(d["ids"].tolist(), d["loss_mask"].tolist()))
+            tokens += len(d["ids"])
+        if not documents:
+            raise StopIteration
+        order = np.random.default_rng([self._seed, self._window]).permutation(len(documents))
+        packed = pack([documents[i] for i in order], self._seq_len)
+        self._rows = [{name: getattr(packed, name)[r] for name in Packed._fields} for r in range(len(packed.tokens))]
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._served == len(self._rows):
+            self._fill()
+        self._served += 1
+        return self._rows[self._served - 1]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"documents": self._start, "window": self._window, "served": self._served}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._parent.set_state(state["documents"])
+        self._window, self._rows, self._served = state["window"] - 1, [], 0
+        if state["window"] >= 0:
+            self._fill()
+            self._served = state["served"]
+
+
+def _encode(record: dict[str, Any], tokenizer: Any) -> dict[str, np.ndarray]:
+    return _as_arrays(tokenize(record, tokenizer))
+
+
+def shard_stream(chunks: Sequence[Chunk], shard: int, shards: int, tokenizer: Any, seq_len: int,
+                 rows: int, seed: int, epochs: int, workers: int) -> grain.IterDataset:
+    """Batches of `rows` packed rows of one shard: every `shards`-th chunk of the epoch-shuffled sequence."""
+    sequence = grain.MapDataset.source(list(chunks)).shuffle(seed=seed).repeat(epochs)[shard::shards]
+    documents = _Records(sequence).map(functools.partial(_encode, tokenizer=tokenizer)).filter(
+        lambda d: len(d["ids"]) > 0)
+    batches = _Pack(documents, seq_len, seed * 1_000_003 + shard).batch(rows)
+    if workers:
+        if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags; train.py parses them, a library user may not
+            flags.FLAGS.mark_as_parsed()
+        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2))
+    return batches
+
+
+class HostBatches:
+    """This host's part of each global batch: the next batch of each of its shards, concatenated.
+
+    `get_state` / `set_state` speak bytes (JSON of every shard's state), as Grain's Orbax checkpoint
+    handler expects of an iterator: it writes one file per host."""
+
+    def __init__(self, streams: dict[int, grain.IterDataset]):
+        self._iterators = {shard: iter(stream) for shard, stream in streams.items()}
+
+    def __iter__(self) -> "HostBatches":
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        parts = [next(it) for it in self._iterators.values()]
+        return {name: np.concatenate([p[name] for p in parts]) for name in Packed._fields}
+
+    def get_state(self) -> bytes:
+        return json.dumps({str(s): it.get_state() for s, it in self._iterators.items()}).encode()
+
+    def set_state(self, state: bytes) -> None:
+        states = json.loads(state)
+        if sorted(states) != sorted(map(str, self._iterators)):
+            raise UserError(f"the checkpoint's data state is for shards {sorted(states)}, this host reads "
+                            f"{sorted(self._iterators)}: resume with the same number of hosts and data.shards")
+        for shard, it in self._iterators.items():
+            it.set_state(states[str(shard)])
+
+    def start_prefetch(self) -> None:
+        """Called by Grain's checkpoint handler after a restore; the streams start on the first `next`."""
+
+
+class Snapshot:
+    """A `HostBatches` state taken now, for Grain's checkpoint handler (one file per host) to write even
+    when the save completes later, in the background, after the stream has moved on."""
+
+    def __init__(self, state: bytes):
+        self._state = state
+
+    def get_state(self) -> bytes:
+        return self._state
+
+
+def host_batches(files: Sequence[str], tokenizer: Any, seq_len: int, global_batch: int, seed: int, num_steps: int,
+                 shards: int, workers: int, host: int, hosts: int) -> HostBatches:
+    """The stream of this host's share of every global batch (see the module docstring)."""
+    shards = shards or hosts
+    if shards % hosts:
+        raise UserError(f"data.shards={shards} is not a multiple of the {hosts} hosts: each host reads whole shards")
+    if global_batch % shards:
+        raise UserError(f"batch_size={global_batch} is not divisible by data.shards={shards} (default: the number of hosts)")
+    chunks = plan_chunks(expand_paths(files))
+    _check_some_text(chunks, files)
+    rows = global_batch // shards
+    # Enough epochs that even one document per chunk visit fills every step; Grain reads them lazily.
+    epochs = (num_steps * rows + 1) * shards
+    return HostBatches({s: shard_stream(chunks, s, shards, tokenizer, seq_len, rows, seed, epochs, workers)
+                        for s in range(host, shards, hosts)})
+
+
+def _check_some_text(chunks: Sequence[Chunk], files: Sequence[str]) -> None:
+    """Fails early (and stops an endless search over empty epochs) when no file holds a record."""
+    for chunk in chunks:
+        iterator = _RecordsIterator(grain.MapDataset.source([chunk]))
+        if any(True for _ in iterator):
+            return
+    raise UserError(f"the data files {list(files)} hold no text")

@@ -1,0 +1,107 @@
+"""The streamed training data: chunked lazy reading, sharding over hosts, exact resume, workers."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sbd_jax import streaming
+from sbd_jax.data import Packed, read_records
+from sbd_jax.errors import UserError
+from tests.test_data import char_tokenizer
+
+
+def corpus(tmp_path, n=200, name="a.jsonl"):
+    path = tmp_path / name
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"text": f"doc {i}: " + "xy" * (i % 37)}) + "\n")
+            if i % 50 == 7:
+                f.write("\n")  # blank lines are skipped, and still counted in line numbers
+    return str(path)
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 97, 1000, 1 << 20])
+def test_chunks_hold_every_record_exactly_once_in_order(tmp_path, chunk_bytes):
+    path = corpus(tmp_path)
+    chunks = streaming.plan_chunks([path], chunk_bytes)
+    assert len(chunks) == -(-len(open(path, "rb").read()) // chunk_bytes)
+    records = list(streaming._RecordsIterator(streaming.grain.MapDataset.source(chunks)))
+    assert records == list(read_records(path))
+
+
+def test_a_bad_record_is_named_by_file_and_line_or_by_byte_in_later_chunks(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": 3}\n' + '{"text": "fine"}\n' * 10 + "{oops\n")
+    read = lambda chunks: list(streaming._RecordsIterator(streaming.grain.MapDataset.source(chunks)))  # noqa: E731
+    with pytest.raises(UserError, match=f"{path}:2: expected"):
+        read(streaming.plan_chunks([str(path)]))
+    with pytest.raises(UserError, match=rf"{path} \(line at byte 199\): not valid JSON"):
+        read(streaming.plan_chunks([str(path)], 150)[1:])
+
+
+def batches(files, tok, shards=2, host=0, hosts=1, workers=0, steps=30):
+    return streaming.host_batches(files, tok, seq_len=64, global_batch=4, seed=3, num_steps=steps, shards=shards,
+                                  workers=workers, host=host, hosts=hosts)
+
+
+def take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for name in Packed._fields:
+            np.testing.assert_array_equal(x[name], y[name])
+
+
+def test_one_host_reading_two_shards_sees_what_two_hosts_see_together(tmp_path):
+    tok = char_tokenizer(tmp_path)
+    files = [corpus(tmp_path, 150, "a.jsonl"), corpus(tmp_path, 90, "b.jsonl")]
+    alone = take(batches(files, tok), 12)
+    hosts = [take(batches(files, tok, host=h, hosts=2), 12) for h in range(2)]
+    for whole, first, second in zip(alone, *hosts):
+        assert whole["tokens"].shape == (4, 64) and first["tokens"].shape == (2, 64)
+        assert_same([whole], [{name: np.concatenate([first[name], second[name]]) for name in Packed._fields}])
+    # Rows are well formed: segments numbered from 1 with 0 as padding, positions restarting per document.
+    rows = np.concatenate([b["segment_ids"] for b in alone])
+    assert rows.max() > 1 and (rows[:, 0] == 1).all()
+    assert all(np.all(np.diff(r[r > 0]) >= 0) for r in rows)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_restored_stream_continues_exactly(tmp_path, workers):
+    tok = char_tokenizer(tmp_path)
+    files = [corpus(tmp_path, 300)]
+    stream = batches(files, tok, workers=workers)
+    take(stream, 7)
+    state = stream.get_state()
+    expected = take(stream, 9)
+    resumed = batches(files, tok, workers=workers)
+    resumed.set_state(state)
+    assert_same(take(resumed, 9), expected)
+
+
+def test_a_small_corpus_repeats_and_its_documents_are_served_whole(tmp_path):
+    tok = char_tokenizer(tmp_path)
+    path = corpus(tmp_path, 40)
+    served = np.concatenate([b["tokens"][b["segment_ids"] > 0] for b in take(batches([path], tok, shards=1), 30)])
+    ids = tok(open(path).read().replace("\n", ""))["input_ids"]
+    assert len(served) > 2 * len(ids)  # several epochs of a small corpus
+    starts = [tok(json.loads(line)["text"])["input_ids"] for line in open(path) if line.strip()]
+    assert all(any(np.array_equal(served[i:i + len(s)], s) for i in range(len(served) - len(s) + 1))
+               for s in starts[:5])
+
+
+def test_bad_shard_settings_are_refused(tmp_path):
+    tok = char_tokenizer(tmp_path)
+    path = corpus(tmp_path, 10)
+    with pytest.raises(UserError, match="data.shards=3 is not a multiple of the 2 hosts"):
+        batches([path], tok, shards=3, hosts=2)
+    with pytest.raises(UserError, match="batch_size=4 is not divisible by data.shards=3"):
+        batches([path], tok, shards=3)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(UserError, match="hold no text"):
+        batches([str(empty)], tok)
