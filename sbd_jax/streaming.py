@@ -20,6 +20,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
+import time
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import grain
@@ -204,8 +206,23 @@ def shard_stream(chunks: Sequence[Chunk], shard: int, shards: int, tokenizer: An
     if workers:
         if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags; train.py parses them, a library user may not
             flags.FLAGS.mark_as_parsed()
-        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2))
+        batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
+                                      worker_init_fn=_exit_with_parent)
     return batches
+
+
+def _exit_with_parent(worker_index: int, worker_count: int) -> None:
+    """In each worker: exit within a second of the training process dying (a SIGKILLed run would
+    otherwise leave its workers running, holding memory and the run's output pipes)."""
+    del worker_index, worker_count
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 class HostBatches:

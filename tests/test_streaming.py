@@ -105,3 +105,44 @@ def test_bad_shard_settings_are_refused(tmp_path):
     empty.write_text("\n\n")
     with pytest.raises(UserError, match="hold no text"):
         batches([str(empty)], tok)
+
+
+KILLED_READER = """
+import glob, os, signal, sys
+from sbd_jax import streaming
+from tests.test_data import char_tokenizer
+import pathlib
+if __name__ == "__main__":
+    tok = char_tokenizer(pathlib.Path(sys.argv[2]))
+    stream = streaming.host_batches([sys.argv[1]], tok, seq_len=64, global_batch=4, seed=0, num_steps=10,
+                                    shards=1, workers=2, host=0, hosts=1)
+    next(stream)
+    children = [c for f in glob.glob("/proc/self/task/*/children") for c in open(f).read().split()]
+    print(" ".join(children), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_workers_of_a_killed_run_exit_with_it(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "reader.py"
+    script.write_text(KILLED_READER)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "w") as stdout, open(err, "w") as stderr:  # files, not pipes: orphans would hold pipes open
+        code = subprocess.run([sys.executable, str(script), corpus(tmp_path, 50), str(tmp_path)], cwd=root,
+                              env={**os.environ, "PYTHONPATH": root}, stdout=stdout, stderr=stderr,
+                              timeout=300).returncode
+    assert code == -9, err.read_text()[-2000:]
+    children = [int(pid) for pid in out.read_text().split()]
+    assert len(children) >= 2  # the two workers (and Python's resource tracker)
+    deadline = time.time() + 10
+    while time.time() < deadline and any(os.path.exists(f"/proc/{pid}") for pid in children):
+        time.sleep(0.2)
+    left = [pid for pid in children if os.path.exists(f"/proc/{pid}")
+            and "resource_tracker" not in open(f"/proc/{pid}/cmdline").read()]
+    assert not left, f"workers still running after their parent was killed: {left}"
