@@ -26,7 +26,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype; master weights and optimizer state stay float32
     c.model.scan_layers = False
     c.model.remat = "none"  # none | full | dots
-    c.model.attention = "auto"  # auto | reference | blockwise
+    c.model.attention = "auto"  # auto | reference | blockwise | splash (TPU; see sbd_jax/attention.py)
 
     c.data = ml_collections.ConfigDict()
     c.data.files = ()  # JSONL (text / messages) or text files, globs allowed; a tuple, for --config overrides

@@ -121,8 +121,8 @@ class _RecordsIterator(grain.DatasetIterator):
                     where = f"{chunk.path}:{number}" if chunk.start == 0 else f"{chunk.path} (line at byte {position - len(line)})"
                     try:
                         record = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+                    except ValueError as e:  # bad JSON or bad UTF-8
+                        raise UserError(f"{where}: not valid JSON ({getattr(e, 'msg', None) or e})") from None
                     yield checked_record(record, where)
 
     def get_state(self) -> dict[str, Any]:

@@ -291,8 +291,10 @@ class Trainer:
         manager = self.checkpoint_manager()
         start = self.restore(manager)
         metrics_path = os.path.join(self.workdir, "metrics.jsonl")
-        _truncate_log(metrics_path, start)
-        writer = _tensorboard(self.workdir)
+        primary = jax.process_index() == 0  # the one writer of the logs (hosts share the workdir)
+        if primary:
+            _truncate_log(metrics_path, start)
+        writer = _tensorboard(self.workdir) if primary else None
         total = self.cfg.train.steps
         tokens_per_step = self.cfg.train.batch_size * self.cfg.data.seq_len
         logged = []
@@ -312,7 +314,7 @@ class Trainer:
                     continue
                 rows = window.fetch()  # the one host sync; a non-finite step stops here, before any save
                 logged += rows
-                if jax.process_index() == 0:
+                if primary:
                     for row in rows:
                         log.write(json.dumps(row) + "\n")
                         if writer is not None:

@@ -36,6 +36,9 @@ class Recording:
     def set_state(self, state):
         self.iterator.set_state(state)
 
+    def start_prefetch(self):
+        self.iterator.start_prefetch()
+
 
 def main(workdir: str, process_id: int, num_processes: int, port: int, kill_at: int) -> None:
     cfg = quick_config(train__steps=6, train__log_every=1, checkpoint__every=2)
