@@ -51,13 +51,18 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
     """Records of one file: each JSONL line (`text`, `messages`, or `prompt` + `completion`), or a whole
     text file as one `text`."""
     if not path.endswith((".jsonl", ".json")):
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        if text.strip():
-            yield {"text": text}
+        yield from text_file_record(path)
         return
     for number, record in iter_jsonl(path):
         yield checked_record(record, f"{path}:{number}")
+
+
+def text_file_record(path: str) -> Iterator[dict[str, Any]]:
+    """A plain text file as one `text` record (none if it holds only whitespace)."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    if text.strip():
+        yield {"text": text}
 
 
 def checked_record(record: Any, where: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import grain
 import numpy as np
 from absl import flags
 
-from sbd_jax.data import Document, Packed, checked_record, expand_paths, pack, tokenize
+from sbd_jax.data import Document, Packed, checked_record, expand_paths, pack, text_file_record, tokenize
 from sbd_jax.errors import UserError
 
 CHUNK_BYTES = 16 << 20  # the unit of reading dealt to hosts and workers, and of the shuffle across the corpus
@@ -96,10 +96,7 @@ class _RecordsIterator(grain.DatasetIterator):
         if chunk.end == -1:
             if self._state["offset"] == -1:
                 self._state["offset"] = 0
-                with open(chunk.path, encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-                if text.strip():
-                    yield {"text": text}
+                yield from text_file_record(chunk.path)
             return
         with open(chunk.path, "rb") as f:
             position = self._state["offset"]
