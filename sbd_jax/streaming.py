@@ -204,21 +204,29 @@ def shard_stream(chunks: Sequence[Chunk], shard: int, shards: int, tokenizer: An
         if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags; train.py parses them, a library user may not
             flags.FLAGS.mark_as_parsed()
         batches = batches.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=2),
-                                      worker_init_fn=_exit_with_parent)
+                                      worker_init_fn=functools.partial(_exit_with_parent, parent=os.getpid()))
     return batches
 
 
-def _exit_with_parent(worker_index: int, worker_count: int) -> None:
-    """In each worker: exit within a second of the training process dying (a SIGKILLed run would
-    otherwise leave its workers running, holding memory and the run's output pipes)."""
+def _exit_with_parent(worker_index: int, worker_count: int, parent: int) -> None:
+    """In each worker: exit within half a second of the training process `parent` dying (a SIGKILLed run
+    would otherwise leave its workers running, holding memory and the run's output pipes).
+
+    `parent` is the training process's pid, taken in that process when the stream is built. Reading it
+    here with `os.getppid()` instead had a race: a worker still starting when its parent was killed read
+    the pid of init (1), then waited for a change that never came. An orphan's parent pid never changes
+    back, so comparing with the pid taken in the parent is exact whenever the worker starts.
+    Not `prctl(PR_SET_PDEATHSIG)`: Linux sends that signal when the *thread* that started the worker
+    ends, and Grain starts workers from a prefetch thread that ends once all of them are made."""
     del worker_index, worker_count
-    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(1.0)
+            time.sleep(0.5)
         os._exit(1)
 
+    if os.getppid() != parent:
+        os._exit(1)
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 

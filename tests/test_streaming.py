@@ -108,7 +108,7 @@ def test_bad_shard_settings_are_refused(tmp_path):
 
 
 KILLED_READER = """
-import glob, os, signal, sys
+import glob, os, signal, sys, threading, time
 from sbd_jax import streaming
 from tests.test_data import char_tokenizer
 import pathlib
@@ -116,14 +116,23 @@ if __name__ == "__main__":
     tok = char_tokenizer(pathlib.Path(sys.argv[2]))
     stream = streaming.host_batches([sys.argv[1]], tok, seq_len=64, global_batch=4, seed=0, num_steps=10,
                                     shards=1, workers=2, host=0, hosts=1)
-    next(stream)
-    children = [c for f in glob.glob("/proc/self/task/*/children") for c in open(f).read().split()]
+    if sys.argv[3] == "served":  # the workers are running
+        next(stream)
+    else:  # the workers are still starting (importing, unpickling the pipeline): kill as soon as they exist
+        threading.Thread(target=next, args=(stream,), daemon=True).start()
+    def workers():  # every child but Python's resource tracker
+        children = [c for f in glob.glob("/proc/self/task/*/children") for c in open(f).read().split()]
+        return [c for c in children if "resource_tracker" not in open(f"/proc/{c}/cmdline").read()], children
+    while len(workers()[0]) < 2:
+        time.sleep(0.01)
+    children = workers()[1]
     print(" ".join(children), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_the_workers_of_a_killed_run_exit_with_it(tmp_path):
+@pytest.mark.parametrize("when", ["starting", "served"])
+def test_the_workers_of_a_killed_run_exit_with_it(tmp_path, when):
     import os
     import subprocess
     import sys
@@ -134,7 +143,7 @@ def test_the_workers_of_a_killed_run_exit_with_it(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with open(out, "w") as stdout, open(err, "w") as stderr:  # files, not pipes: orphans would hold pipes open
-        code = subprocess.run([sys.executable, str(script), corpus(tmp_path, 50), str(tmp_path)], cwd=root,
+        code = subprocess.run([sys.executable, str(script), corpus(tmp_path, 50), str(tmp_path), when], cwd=root,
                               env={**os.environ, "PYTHONPATH": root}, stdout=stdout, stderr=stderr,
                               timeout=300).returncode
     assert code == -9, err.read_text()[-2000:]
