@@ -80,8 +80,8 @@ def checked_record(record: Any, where: str) -> dict[str, Any]:
 
 
 def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
-    """Token ids and loss mask: every token of plain text; only assistant turns of a chat; only the
-    completion of a prompt. Text and completions end with EOS, so models learn to stop."""
+    """Token ids and loss mask: every token of plain text; only assistant turns of a chat, up to and
+    including their EOS; only the completion of a prompt. Text and completions end with EOS, so models learn to stop."""
     end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
     if "text" in record:
         ids = tokenizer(record["text"], add_special_tokens=True)["input_ids"] + end
@@ -103,6 +103,11 @@ def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
         new = rendered[len(ids):]
         ids += new
         loss += [messages[turn]["role"] == "assistant"] * len(new)
+        if messages[turn]["role"] == "assistant" and tokenizer.eos_token_id in new:
+            # What a template adds after the turn's EOS (ChatML's newline) is never generated: decoding
+            # stops at EOS. Without loss there, the document's end is that EOS (objective.noisy_layout).
+            after = len(new) - 1 - new[::-1].index(tokenizer.eos_token_id)
+            loss[len(ids) - len(new) + after + 1:] = [False] * (len(new) - after - 1)
     return Document(ids, loss)
 
 

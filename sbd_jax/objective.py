@@ -1,4 +1,4 @@
-"""SBD training objective (SPEC §2–3): noise the sequence, one forward on [clean | noisy], joint loss."""
+"""SBD training objective: noise the sequence, one forward on [clean | noisy], joint loss."""
 
 from __future__ import annotations
 
@@ -52,23 +52,40 @@ class NoisyLayout(NamedTuple):
     loss_mask: jax.Array
 
 
-def noisy_layout(batch: Batch, block_size: Any, end_id: int | None) -> NoisyLayout:
-    """Gives every document that ends inside a block the rest of that block in the noisy half (SPEC §2).
+def noisy_layout(batch: Batch, block_size: Any, end_ids: tuple[int, ...] = ()) -> NoisyLayout:
+    """Gives every document that ends inside a block the rest of that block in the noisy half.
 
     At inference a block is always `block_size` positions, so an answer that ends inside it leaves
-    positions after its EOS; here they join the ending document (taking them from the next document
-    or from padding), continue its positions, and have `end_id` (EOS) as their target and, where not
-    masked, as their revealed token. They carry loss if the document's last token does. A document
-    ends where the next position holds another segment; a row's last document piece is never
-    extended (nothing follows it). `end_id=None` leaves the layout as the clean half's. `block_size`
-    may be traced.
+    positions after its EOS; here they join the ending document (taking them from the next document,
+    from padding, or from the document's own tokens after its EOS, such as a chat template's newline),
+    continue its positions, and have the document's EOS as their target and, where not masked, as their
+    revealed token. They carry loss if the document's end does.
+
+    A document piece ends at its last loss-carrying token when that token is one of `end_ids` (the
+    model's EOS ids): the tail repeats that very token (a Llama-3 chat turn ends in `<|eot_id|>`, not
+    the first EOS id). A piece without such an end ends at its last token if another segment follows
+    it in the row (tail target `end_ids[0]`), and otherwise (a row's last piece, possibly cut) gets
+    nothing. Empty `end_ids` leaves the layout as the clean half's. `block_size` may be traced.
     """
     tokens, seg, pos, loss = batch
-    if end_id is None:
+    if not end_ids:
         return NoisyLayout(seg, pos, tokens, loss)
     batch_size, seq_len = seg.shape
     index = jnp.arange(seq_len)
-    ends = (seg > 0) & jnp.pad(seg[:, 1:] != seg[:, :-1], ((0, 0), (0, 1)))  # last token of a finished document
+    real = seg > 0
+    # Each (row, segment) is one piece; its last loss-carrying position, by a segment max over pieces.
+    piece = (jnp.arange(batch_size)[:, None] * (seq_len + 1) + seg).reshape(-1)
+    count = batch_size * (seq_len + 1)
+
+    def per_piece_max(x):
+        return jax.ops.segment_max(x.reshape(-1), piece, num_segments=count)[piece].reshape(batch_size, seq_len)
+
+    last_loss = per_piece_max(jnp.where(loss & real, index[None], -1))
+    eos_end = (index[None] == last_loss) & jnp.isin(tokens, jnp.asarray(end_ids)) & real
+    has_eos_end = per_piece_max(eos_end.astype(jnp.int32)) > 0
+    followed = real & jnp.pad(seg[:, 1:] != seg[:, :-1], ((0, 0), (0, 1)))  # the last token, something after it
+    ends = eos_end | (followed & ~has_eos_end)
+    end_token = jnp.where(eos_end, tokens, end_ids[0])
     # The first document end in each block: positions after it in that block belong to that document.
     block_of = index // block_size
     end_index = jnp.where(ends, index, seq_len)
@@ -82,7 +99,7 @@ def noisy_layout(batch: Batch, block_size: Any, end_id: int | None) -> NoisyLayo
     return NoisyLayout(
         segment_ids=jnp.where(tail, owners(seg), seg),
         positions=jnp.where(tail, owners(pos) + index[None] - first_end, pos),
-        tokens=jnp.where(tail, end_id, tokens),
+        tokens=jnp.where(tail, owners(end_token), tokens),
         loss_mask=jnp.where(tail, owners(loss), loss),
     )
 
@@ -98,21 +115,21 @@ def sbd_loss(
     w_ntp: float = 1.0,
     w_matp: float = 1.0,
     eta_range: tuple[float, float] = (0.0, 1.0),
-    end_id: int | None = None,
+    end_ids: tuple[int, ...] = (),
     block_sizes: tuple[int, int] | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Joint loss `w_ntp * NTP + w_matp * MATP` and its metrics.
 
     NTP: cross-entropy over clean positions 2..L (shifted), within a document, where loss_mask.
     MATP: cross-entropy over noisy positions that were masked, target the clean token (not shifted),
-    only inside full blocks (a trailing partial block is ignored), where loss_mask. With `end_id`
-    (EOS), the noisy half extends each finished document to the end of its last block, target EOS
-    (`noisy_layout`). Each term is a mean over its own counted tokens. `block_size` may be a traced
+    only inside full blocks (a trailing partial block is ignored), where loss_mask. With `end_ids`
+    (the EOS ids), the noisy half extends each finished document to the end of its last block, target
+    its EOS (`noisy_layout`). Each term is a mean over its own counted tokens. `block_size` may be a traced
     int32 scalar with `block_sizes` its (min, max) range: one compiled loss for every block size.
     """
     tokens, seg = batch.tokens, batch.segment_ids
     seq_len = tokens.shape[1]
-    layout = noisy_layout(batch, block_size, end_id)
+    layout = noisy_layout(batch, block_size, end_ids)
     masked = noise(layout.segment_ids, rng, eta_range)
     inputs, positions, attn = training_inputs(batch, layout, masked, mask_id, block_size, block_sizes)
     hidden, _ = model.apply({"params": params}, inputs, positions, mask=attn, compute_logits=False)

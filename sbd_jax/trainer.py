@@ -79,19 +79,19 @@ def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
 def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any, *, model: Transformer,
                tx: optax.GradientTransformation, schedule: Any, objective: str, mask_id: int,
                weights: tuple[float, float], eta_range: tuple[float, float], grad_accum: int,
-               end_id: int | None = None,
+               end_ids: tuple[int, ...] = (),
                block_sizes: tuple[int, int] | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step; the batch is split into `grad_accum` micro-batches whose grads are averaged.
 
     `block_size`: a Python int (a step for that size) or a traced int32 scalar in `block_sizes`
     (min, max): one compiled step for every size.
-    `end_id` (the model's EOS) is what the noisy half predicts after a document's end (objective.noisy_layout).
+    `end_ids` (the model's EOS ids): what the noisy half predicts after a document's end (objective.noisy_layout).
     """
     def loss_fn(params, micro, micro_rng):
         if objective == "ntp":
             return ntp_loss(params, model, micro)
         return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=mask_id,
-                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range, end_id=end_id,
+                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range, end_ids=end_ids,
                         block_sizes=block_sizes)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -125,7 +125,7 @@ def jitted_train_step(cfg: ml_collections.ConfigDict, model: Transformer, tx: op
         train_step, model=model, tx=tx, schedule=schedule, objective=obj.kind,
         mask_id=model.config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
         eta_range=(obj.eta_min, obj.eta_max), grad_accum=cfg.train.grad_accum,
-        end_id=model.config.eos_token_ids[0] if model.config.eos_token_ids else None,
+        end_ids=tuple(model.config.eos_token_ids or ()),
         block_sizes=(obj.block_size_min, obj.block_size_max))
     batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
     replicated = sharding.replicated(mesh)

@@ -86,3 +86,17 @@ def test_a_record_with_an_empty_completion_is_refused_with_the_accepted_formats(
     path.write_text(json.dumps({"prompt": "a1+b2=", "completion": ""}) + "\n")
     with pytest.raises(UserError, match=r"bad.jsonl:1: .*\"prompt\": \"...\", \"completion\": \"...\"\} \(both non-empty\)"):
         list(read_records(str(path)))
+
+
+def test_chat_loss_covers_assistant_turns_up_to_their_eos_not_the_template_after_it(tmp_path):
+    from sbd_jax.data import tokenize
+
+    tok = char_tokenizer(tmp_path)
+    # ChatML's shape: each turn ends in EOS and then a newline the model never generates.
+    tok.chat_template = "{% for m in messages %}{{ m['role'][0] }}={{ m['content'] }}" + tok.eos_token + "\n{% endfor %}"
+    doc = tokenize({"messages": [{"role": "user", "content": "a1"}, {"role": "assistant", "content": "b2"},
+                                 {"role": "user", "content": "c3"}, {"role": "assistant", "content": "d4"}]}, tok)
+    turn = len(tok.apply_chat_template([{"role": "user", "content": "a1"}], tokenize=True, return_dict=False))
+    assert turn == 6 and doc.ids[turn - 2] == tok.eos_token_id  # 'u=a1', EOS, newline
+    # No loss on user turns; an assistant turn's 'a=b2' and EOS carry loss, its newline does not.
+    assert doc.loss_mask == ([False] * 6 + [True] * 5 + [False]) * 2

@@ -74,14 +74,14 @@ def test_loss_equals_per_token_reference():
     params = init_params(cfg, seed=3)
     batch = make_batch()
     rng = jax.random.key(7)
-    layout = noisy_layout(batch, K, EOS)
+    layout = noisy_layout(batch, K, (EOS,))
     masked = np.asarray(noise(layout.segment_ids, rng))
     # Document 1 of row 1 ends inside block 1 (position 5): 6 and 7 join it; document 2 ends at 9, so
     # the padding at 10 joins document 2.
     assert layout.segment_ids[1].tolist() == [1] * 8 + [2, 2, 2]
     assert masked[1, 6:8].any() and masked.any()
     loss, metrics = sbd_loss(params, Transformer(cfg), batch, rng, block_size=K, mask_id=MASK,
-                             w_ntp=0.7, w_matp=1.3, end_id=EOS)
+                             w_ntp=0.7, w_matp=1.3, end_ids=(EOS,))
     ntp, matp, n_ntp, n_matp = reference_loss(params, batch, masked)
     np.testing.assert_allclose(metrics["ntp_loss"], ntp, rtol=1e-5)
     np.testing.assert_allclose(metrics["matp_loss"], matp, rtol=1e-5)
@@ -133,7 +133,7 @@ def test_document_ends_extend_to_the_end_of_their_block():
     pos = np.array([[0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 0, 0]], np.int32)
     tokens = np.array([[5, 6, 7, 8, 9, EOS, 10, 11, EOS, 0, 0, 0]], np.int32)
     loss = np.array([[0, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0, 0]], bool)
-    layout = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 4, EOS)
+    layout = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 4, (EOS,))
     # Block 1 (4..7) holds document 1's end at 5: 6 and 7 join document 1 (document 2's start is
     # taken); document 2 ends at 8, the first position of block 2: 9..11 (padding) join it.
     assert layout.segment_ids.tolist() == [[1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2]]
@@ -142,12 +142,38 @@ def test_document_ends_extend_to_the_end_of_their_block():
     assert layout.loss_mask.tolist() == [[0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]]
     # A document ending on its block's last position, or a row's last piece, gets nothing more.
     for k in (3, 6):
-        assert noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), k, EOS).segment_ids[0, 6:9].tolist() == [2, 2, 2]
-    cut = noisy_layout(Batch(*map(jnp.asarray, (tokens, np.ones_like(seg), np.arange(12)[None], loss))), 5, EOS)
-    assert cut.segment_ids.tolist() == [[1] * 12] and cut.tokens.tolist() == tokens.tolist()
-    # Without an end id the layout is the clean half's.
-    plain = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 4, None)
+        assert noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), k, (EOS,)).segment_ids[0, 6:9].tolist() == [2, 2, 2]
+    # A piece cut at the row's end (its last loss-carrying token is no EOS; an earlier turn's EOS at 5
+    # is not its end) gets nothing either.
+    cut_tokens = np.where(np.arange(12) == 8, 12, tokens)
+    cut = noisy_layout(Batch(*map(jnp.asarray, (cut_tokens, np.ones_like(seg), np.arange(12)[None], loss))), 5,
+                       (EOS,))
+    assert cut.segment_ids.tolist() == [[1] * 12] and cut.tokens.tolist() == cut_tokens.tolist()
+    # Without end ids the layout is the clean half's.
+    plain = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 4, ())
     assert plain.segment_ids.tolist() == seg.tolist()
+
+
+def test_a_chat_document_ends_at_its_eos_and_its_tail_repeats_that_eos():
+    """Written out by hand: L = 12, k = 4; a chat answer ends in EOS2 (the second of two EOS ids) and a
+    loss-free template newline (NL), then the next document; the newline is not part of the answer."""
+    EOS2, NL = 47, 40
+    seg = np.array([[1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2]], np.int32)
+    pos = np.array([[0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]], np.int32)
+    tokens = np.array([[5, 6, 7, 8, 9, EOS2, NL, 10, 11, 12, EOS2, NL]], np.int32)
+    loss = np.array([[0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 0]], bool)
+    layout = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 4, (EOS, EOS2))
+    # Document 1 ends at 5 (not at its newline, 6): 6 and 7 are its tail, target EOS2 (not EOS).
+    # Document 2 ends at 10, its newline at 11 is its tail; the row's end is no obstacle.
+    assert layout.segment_ids.tolist() == [[1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2]]
+    assert layout.positions.tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4]]
+    assert layout.tokens.tolist() == [[5, 6, 7, 8, 9, EOS2, EOS2, EOS2, 11, 12, EOS2, EOS2]]
+    assert layout.loss_mask.tolist() == [[0, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1]]
+    # EOS on a block's last position (k = 3: 3..5): the next block starts with the loss-free newline,
+    # never trained as [newline, EOS, ...]; nothing after the EOS joins the answer.
+    on_edge = noisy_layout(Batch(*map(jnp.asarray, (tokens, seg, pos, loss))), 3, (EOS, EOS2))
+    assert on_edge.tokens[0, :9].tolist() == tokens[0, :9].tolist()
+    assert on_edge.loss_mask[0, 6] == 0
 
 
 @pytest.mark.parametrize("revealed", [(), (2,), (0, 3)])
@@ -162,7 +188,7 @@ def test_training_layout_equals_block_decoding_when_the_answer_ends_inside_a_blo
     seg = np.array([[1] * 9 + [2] * 7], np.int32)
     pos = np.array([list(range(9)) + list(range(7))], np.int32)
     batch = Batch(*map(jnp.asarray, (tokens, seg, pos, np.ones((1, seq_len), bool))))
-    layout = noisy_layout(batch, k, EOS)
+    layout = noisy_layout(batch, k, (EOS,))
     masked = np.zeros((1, seq_len), bool)
     masked[0, 8:12] = [i not in revealed for i in range(k)]
     inputs, positions, attn = training_inputs(batch, layout, jnp.asarray(masked), MASK, k)
