@@ -2,7 +2,7 @@
 
     python sample.py --model smollm2-135m --prompt "What is 2+2?" --chat --mode ntp --max-new-tokens 64 [--json]
     python sample.py --model DIR --prompt "..." --mode sbd --gamma 0.35 --block-size 16 [--show-passes]
-    python sample.py --model DIR --prompt "..." --mode sbd --verify --gamma 1   # output identical to greedy NTP
+    python sample.py --model DIR --prompt "..." --mode sbd --verify   # exactly NTP's output (or distribution)
     python sample.py --model DIR --prompts-file prompts.jsonl --mode sbd   # {"prompt": "..."} per line
 
 `--model` takes a known name (smollm2-135m), a Hugging Face model directory or a .gguf file.
@@ -31,13 +31,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--mode", choices=["ntp", "sbd"], default="ntp",
                    help="ntp: one token per forward; sbd: Entropy-Bounded block decoding")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--gamma", type=float, default=0.35, help="SBD: entropy budget per pass (0 = one token)")
+    p.add_argument("--gamma", type=float, default=None,
+                   help="SBD: entropy budget per pass (0 = one token; default 0.35); not with --verify")
     p.add_argument("--block-size", type=int, default=16, help="SBD: tokens per block")
     p.add_argument("--proxy", default="entropy",
                    help="SBD: uncertainty score: entropy, confidence or margin (left_to_right: a diagnostic order)")
     p.add_argument("--verify", action="store_true",
                    help="SBD: verify every drafted block with the causal pass that commits it, so the output "
-                   "is exactly greedy NTP's (temperature 0 only); gamma then only sets the speed")
+                   "is exactly greedy NTP's (with --temperature: drawn exactly from NTP's distribution); "
+                   "drafts come from one pass, so it never takes more forwards than NTP")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -80,8 +82,12 @@ def main(argv: list[str]) -> None:
     check_decoding_options(args.max_new_tokens, args.temperature, args.top_p)  # before the slow model load
     if args.verify and args.mode != "sbd":
         raise UserError("--verify checks SBD's drafts: use it with --mode sbd")
+    if args.verify and args.gamma is not None:
+        raise UserError("--gamma has no effect with --verify (drafts come from one pass and verification decides "
+                        "what is kept): drop --gamma, or drop --verify for Entropy-Bounded decoding")
+    args.gamma = 0.35 if args.gamma is None else args.gamma
     if args.mode == "sbd":
-        check_sbd_options(args.block_size, args.gamma, args.proxy, args.verify, args.temperature)
+        check_sbd_options(args.block_size, args.gamma, args.proxy)
     import jax
 
     from sbd_jax.checkpoints.load import load_model

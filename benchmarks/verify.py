@@ -4,9 +4,9 @@
     python benchmarks/verify.py --skip-smollm2 --valid 100 --test 300
 
 Part 1, the small-scale SBD model (`experiments/small_scale/models/sbd_arith`, trained on worked-step
-addition): for block 4/8/16 x γ, tokens per pass and draft acceptance on validation problems; the
-best (block, γ) is chosen there, then every setting is scored on test problems (the output must equal
-NTP's on every problem), and wall-clock tokens/s of NTP and of each block's best γ are measured at
+addition): for block 4/8/16 (drafts from one pass; γ plays no part under verification), tokens per
+pass and draft acceptance on validation and test problems (the output must equal NTP's on every
+problem), and wall-clock tokens/s of NTP and of each block are measured at
 batch 1 and 8 (decoding alone, which is what SBD changes, and with the prompt's prefill, which both
 modes share), beside time(k)/time(1) and time(2k)/time(1) of this model's forward on this machine.
 Part 2, SmolLM2-135M with an untrained mask token (`--mask-token-id`): drafts are poor, so this is the
@@ -36,13 +36,12 @@ def run(model, prompts, setting, max_new_tokens, batch, longest):
 
     common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
     if setting["mode"] == "ntp":
-        decoder, knobs = NTPDecoder(model.config, **common), {}
+        decoder = NTPDecoder(model.config, **common)
     else:
         decoder = SBDDecoder(model.config, block_size=setting["block_size"], verify=True, **common)
-        knobs = {"gamma": setting["gamma"]}
     generations, prefill, decode = [], 0.0, 0.0
     for start in range(0, len(prompts), batch):
-        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest, **knobs)
+        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest)
         generations += results
         prefill += timing.prefill_seconds
         decode += timing.decode_seconds
@@ -83,24 +82,20 @@ def arithmetic_part(args) -> dict:
            for name, p in prompts.items()}
     rows = []
     for k in args.blocks:
-        for gamma in args.gammas:
-            setting = {"mode": "verified", "block_size": k, "gamma": gamma}
-            row = dict(setting)
-            for name, p in prompts.items():
-                generations, _ = run(model, p, setting, FULL["max_new_tokens"], batch, longest)
-                row[name] = summary(generations, ntp[name])
-            rows.append(row)
-            print(f"verified k={k:>2} γ={gamma:g}: valid {row['valid']['tokens_per_pass']:.2f} tokens/pass "
-                  f"(accepted {row['valid']['accepted_fraction']:.0%}), test {row['test']['tokens_per_pass']:.2f}; "
-                  f"identical to NTP on {row['test']['identical_to_ntp']}/{row['test']['n']} test problems",
-                  flush=True)
-    best = {k: max((r for r in rows if r["block_size"] == k), key=lambda r: r["valid"]["tokens_per_pass"])
-            for k in args.blocks}
+        setting = {"mode": "verified", "block_size": k, "gamma": None}
+        row = dict(setting)
+        for name, p in prompts.items():
+            generations, _ = run(model, p, setting, FULL["max_new_tokens"], batch, longest)
+            row[name] = summary(generations, ntp[name])
+        rows.append(row)
+        print(f"verified k={k:>2}: valid {row['valid']['tokens_per_pass']:.2f} tokens/pass "
+              f"(accepted {row['valid']['accepted_fraction']:.0%}), test {row['test']['tokens_per_pass']:.2f}; "
+              f"identical to NTP on {row['test']['identical_to_ntp']}/{row['test']['n']} test problems", flush=True)
     speed_prompts = prompts["test"][: args.speed_problems]
     speed = []
     for batch_size in (1, 8):
         settings = [{"mode": "ntp", "block_size": 1, "gamma": None}]
-        settings += [{"mode": "verified", "block_size": k, "gamma": best[k]["gamma"]} for k in args.blocks]
+        settings += [{"mode": "verified", "block_size": k, "gamma": None} for k in args.blocks]
         for setting in settings:
             run(model, speed_prompts[:batch_size], setting, FULL["max_new_tokens"], batch_size, longest)  # compile
             runs = []
@@ -123,7 +118,7 @@ def arithmetic_part(args) -> dict:
                   f"{row['tokens_per_second_with_prefill']:.0f} ({row['with_prefill_vs_ntp']:.2f}x)", flush=True)
     return {"model": args.model, "valid_problems": len(valid), "test_problems": len(test),
             "speed_problems": len(speed_prompts), "rows": rows,
-            "best_gamma_by_block": {str(k): r["gamma"] for k, r in best.items()}, "speed": speed,
+            "speed": speed,
             "forward_cost_ratio": {str(k): {"k": forward_cost_ratio(model, k), "2k": forward_cost_ratio(model, 2 * k)}
                                    for k in args.blocks}}
 
@@ -144,13 +139,13 @@ def smollm2_part(args) -> dict:
     ntp_rate = sum(len(g.token_ids) for g in ntp) / ntp_seconds
     rows = []
     for k in args.blocks:
-        setting = {"mode": "verified", "block_size": k, "gamma": 1e9}
+        setting = {"mode": "verified", "block_size": k, "gamma": None}
         generations, (_, seconds) = run(model, prompts, setting, args.smollm2_new_tokens, 1, longest)
         row = {**setting, **summary(generations, ntp), "batch": 1,
                "decode_tokens_per_second": sum(len(g.token_ids) for g in generations) / seconds}
         row["decode_vs_ntp"] = row["decode_tokens_per_second"] / ntp_rate
         rows.append(row)
-        print(f"SmolLM2 (untrained mask) verified k={k} γ=1e9: {row['tokens_per_pass']:.2f} tokens/pass, accepted "
+        print(f"SmolLM2 (untrained mask) verified k={k}: {row['tokens_per_pass']:.2f} tokens/pass, accepted "
               f"{row['accepted_fraction']:.0%}, identical {row['identical_to_ntp']}/{row['n']}, "
               f"decoding {row['decode_tokens_per_second']:.1f} tokens/s ({row['decode_vs_ntp']:.2f}x NTP)", flush=True)
     return {"mask_token_id": args.smollm2_mask_token_id, "prompts": len(prompts),
@@ -162,7 +157,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
     parser.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
-    parser.add_argument("--gammas", type=float, nargs="+", default=[0.0, 0.1, 0.35, 1.0, 1e9])
     parser.add_argument("--valid", type=int, default=200, help="validation problems (choosing γ)")
     parser.add_argument("--test", type=int, default=500, help="test problems")
     parser.add_argument("--speed-problems", type=int, default=32)

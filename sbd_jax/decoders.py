@@ -54,8 +54,7 @@ def check_decoding_options(max_new_tokens: int, temperature: float, top_p: float
         raise UserError(f"top_p={top_p} must be in (0, 1]")
 
 
-def check_sbd_options(block_size: int, gamma: float, proxy: str, verify: bool = False,
-                      temperature: float = 0.0) -> None:
+def check_sbd_options(block_size: int, gamma: float, proxy: str) -> None:
     """Raises UserError for SBD settings that cannot work (callable before any model is loaded)."""
     if block_size < 1:
         raise UserError(f"block_size={block_size} must be >= 1")
@@ -63,10 +62,6 @@ def check_sbd_options(block_size: int, gamma: float, proxy: str, verify: bool = 
         raise UserError(f"gamma={gamma} must be >= 0 (0 reveals one token per pass)")
     if proxy not in PROXIES:
         raise UserError(f"unknown proxy {proxy!r}: use one of {', '.join(PROXIES)}")
-    if verify and temperature > 0:
-        raise UserError(f"verify needs greedy decoding (temperature 0, not {temperature}): drafts of any-order "
-                        "blocks condition on future tokens, so speculative sampling's ratio test is not exact "
-                        "for them")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,9 +165,11 @@ class _BlockState:
 
 @struct.dataclass
 class _VerifyState:
+    iteration: jax.Array
     cache: KVCache
     pending: jax.Array  # [B, k] an exact token, then the drafts it is followed by
     pending_count: jax.Array  # [B] 1 + drafts
+    draft_logits: jax.Array  # [B, k, V] sampling: at j, the distribution drafts[j] was drawn from ([B, k, 0] greedy)
     tokens: jax.Array  # [B, N + k]
     passes: jax.Array  # [B, N + k]
     corrected: jax.Array  # [B, N + k]
@@ -191,10 +188,11 @@ class SBDDecoder(Decoder):
     (tempered, top-p truncated); greedy uses the model's own distribution. γ is an argument of
     `decode`, traced, so sweeping it never recompiles.
 
-    verify=True (greedy only) makes the output identical to greedy NTP decoding: the pass that
-    commits a block runs it causally, so its logits are NTP's predictions for the block; the longest
-    prefix of drafts that equals them is accepted, NTP's own token replaces the first mismatch (and
-    the new block that pass drafted is discarded), and the cache keeps exactly the accepted tokens.
+    verify=True makes the output follow NTP's distribution exactly (greedy: NTP's very tokens): the
+    pass that commits a block runs it causally, so its logits are NTP's predictions for the block; the
+    drafts are tested against them (greedy: kept while equal; sampling: the speculative ratio test) and
+    the cache keeps exactly the accepted tokens. Drafts always come from one pass, so every forward
+    verifies and `nfe <= new tokens`; γ (and the proxy) then play no part. See `_decode_verified`.
     A block's first token is never drafted: the causal logit of the token before it gives it exactly.
     """
 
@@ -204,7 +202,7 @@ class SBDDecoder(Decoder):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_sbd_options(self.block_size, 0.0, self.proxy, self.verify, self.temperature)
+        check_sbd_options(self.block_size, 0.0, self.proxy)
         if self.config.mask_token_id is None:
             raise UserError("this model has no mask token configured, so it cannot decode blocks: fine-tune it "
                             "with train.py (which sets one) or pass --mask-token-id")
@@ -291,7 +289,7 @@ class SBDDecoder(Decoder):
                gamma: jax.Array) -> DecodeOutput:
         """Decodes until every row hit EOS or `max_new_tokens`; see the class docstring."""
         if self.verify:
-            return self._decode_verified(params, cache, last_token_B, gamma)
+            return self._decode_verified(params, cache, last_token_B, rng)
         k, batch = self.block_size, last_token_B.shape[0]
         mask_id = self.config.mask_token_id
 
@@ -322,31 +320,56 @@ class SBDDecoder(Decoder):
         return DecodeOutput(final.tokens, final.count, final.nfe, final.passes,
                             jnp.zeros(final.tokens.shape, bool), zeros, zeros)
 
-    def _decode_verified(self, params: Any, cache: KVCache, last_token_B: jax.Array,
-                         gamma: jax.Array) -> DecodeOutput:
-        """Greedy self-speculative decoding. Each iteration is one first pass over `pending` (an exact
-        token and the drafts after it) and a new all-masked block: verify the drafts against the pass's
-        causal argmaxes `a`, emit the accepted drafts and the exact token `a[m-1]` after them; if every
-        draft was accepted, that token starts the new block, whose other positions EB fills from this
-        pass's logits (and refine passes) as the next drafts; otherwise the next pass starts from it."""
+    def _decode_verified(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array) -> DecodeOutput:
+        """Self-speculative decoding whose output follows NTP's distribution exactly (greedy: NTP's tokens).
+
+        Each iteration is one first pass over `pending` (an exact token and the drafts after it) and a
+        new all-masked block. The pass's causal logits at pending position j give `p_j`, NTP's
+        distribution of the token after it (tempered / top-p truncated as NTP samples it). Drafts are
+        tested left to right; the first rejected one is replaced, and after the last accepted one (or
+        the replacement) nothing of `pending` is kept. If every draft was accepted, one more token is
+        drawn from `p` after them; it starts the new block, whose other positions are drafted from this
+        same pass (one pass: a forward never drafts without verifying, so `nfe <= new tokens`).
+
+        Greedy: a draft is accepted iff it equals argmax `p_j`; the replacement is that argmax.
+        Sampling: draft `d_j` was drawn from `q_j`, the masked block's distribution at its position,
+        computed from the prefix alone (the whole block masked) and so independent of the other drafts.
+        Accept it with probability min(1, p_j(d_j) / q_j(d_j)); on rejection draw from
+        normalize(max(0, p_j - q_j)). Then P(token = x) = q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y),
+        p(y))) (p(x) - q(x))^+ / sum_y (p(y) - q(y))^+ = min(q(x), p(x)) + (p(x) - q(x))^+ = p(x)
+        (Leviathan et al., 2023), at every position given the tokens before it, because q_j does not
+        depend on d_<j: the emitted sequence is distributed exactly as NTP sampling's. Drafts revealed
+        over several passes would make q_j depend on earlier (even later) drafts and break this; here
+        there are none.
+        """
         k, batch = self.block_size, last_token_B.shape[0]
         mask_id = self.config.mask_token_id
+        sampling = self.temperature > 0
         j = jnp.arange(k)
         rows = jnp.arange(batch)[:, None]
         width = self.output_len
 
+        def dist(logits: jax.Array) -> jax.Array:  # logits of the distribution tokens are drawn from
+            return sampling_logits(without_token(logits, mask_id), self.temperature, self.top_p)
+
         def body(s: _VerifyState) -> _VerifyState:
             live = ~s.done
+            accept_rng, token_rng, draft_rng = jax.random.split(jax.random.fold_in(rng, s.iteration), 3)
             masked_block = jnp.full((batch, k), mask_id, jnp.int32)
             pending_logits, block_logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count,
                                                                masked_block)
             nfe = s.nfe + live
-            exact = jnp.argmax(without_token(pending_logits, mask_id), axis=-1).astype(jnp.int32)  # [B, k]
+            p_logits = dist(pending_logits)  # [B, k, V]: at j, NTP's distribution of the token after j
             drafts = jnp.concatenate([s.pending[:, 1:], jnp.full((batch, 1), mask_id, jnp.int32)], axis=1)
             is_draft = j < (s.pending_count - 1)[:, None]  # drafts[j] is pending position j + 1
-            matches = jnp.cumprod(is_draft & (drafts == exact), axis=1)
-            accepted = matches.sum(axis=1)  # drafts accepted; exact[accepted] is the token after them
-            emitted = jnp.where(j < accepted[:, None], drafts, jnp.take_along_axis(exact, accepted[:, None], axis=1))
+            if sampling:
+                accepted, next_token = self.speculative_test(p_logits, s.draft_logits, drafts, is_draft, accept_rng,
+                                                        token_rng)
+            else:
+                exact = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)
+                accepted = jnp.cumprod(is_draft & (drafts == exact), axis=1).sum(axis=1)
+                next_token = jnp.take_along_axis(exact, accepted[:, None], axis=1)[:, 0]
+            emitted = jnp.where(j < accepted[:, None], drafts, next_token[:, None])
             kept, ended = kept_through_eos(self._is_eos(emitted) & (j <= accepted[:, None]),
                                            jnp.where(live, jnp.minimum(accepted + 1, self.max_new_tokens - s.count), 0))
             slots = s.count[:, None] + j
@@ -359,21 +382,48 @@ class SBDDecoder(Decoder):
             count = s.count + kept
             done = s.done | ended | (count >= self.max_new_tokens)
             cache = append(s.cache, kv.k, kv.v, jnp.where(live, accepted + 1, 0))  # the accepted pending tokens
-            whole = (accepted == s.pending_count - 1) & ~done  # every draft accepted: this pass's block holds
-            start = emitted[rows[:, 0], accepted]
-            block = masked_block.at[:, 0].set(start)
-            filled = self.fill_block(params, cache, block, block_logits, whole, self.max_new_tokens - count + 1,
-                                     gamma, nfe, jax.random.key(0))
-            restart = jnp.zeros((batch, k), jnp.int32).at[:, 0].set(start)
-            return _VerifyState(cache, jnp.where(whole[:, None], filled.block, restart),
-                                jnp.where(whole, k, 1).astype(jnp.int32), tokens, passes, corrected, filled.nfe, count,
-                                done, drafted, s.accepted + jnp.where(live, jnp.minimum(accepted, kept), 0))
+            # Every draft accepted: this pass's block holds, `next_token` at its first position and drafts
+            # from this pass's block logits after it, as far as max_new_tokens can still reach.
+            whole = (accepted == s.pending_count - 1) & ~done
+            q_logits = dist(block_logits)
+            room = (j[None] >= 1) & (j[None] < (self.max_new_tokens - count + 1)[:, None])
+            block = jnp.where(room, draw(q_logits, draft_rng, self.temperature), mask_id).at[:, 0].set(next_token)
+            restart = jnp.zeros((batch, k), jnp.int32).at[:, 0].set(next_token)
+            # The next pass tests pending position j + 1 against q at block position j + 1.
+            draft_logits = jnp.roll(q_logits, -1, axis=1) if sampling else s.draft_logits
+            return _VerifyState(s.iteration + 1, cache, jnp.where(whole[:, None], block, restart),
+                                jnp.where(whole, k, 1).astype(jnp.int32), draft_logits, tokens, passes, corrected,
+                                nfe, count, done, drafted, s.accepted + jnp.where(live, jnp.minimum(accepted, kept), 0))
 
         zeros = jnp.zeros((batch,), jnp.int32)
-        init = _VerifyState(cache, jnp.zeros((batch, k), jnp.int32).at[:, 0].set(last_token_B),
-                            jnp.ones((batch,), jnp.int32), jnp.zeros((batch, width), jnp.int32),
-                            jnp.zeros((batch, width), jnp.int32), jnp.zeros((batch, width), bool), zeros, zeros,
-                            jnp.zeros((batch,), bool), zeros, zeros)
+        vocab = self.config.vocab_size if sampling else 0  # greedy tests drafts by equality: no q kept
+        init = _VerifyState(jnp.int32(0), cache, jnp.zeros((batch, k), jnp.int32).at[:, 0].set(last_token_B),
+                            jnp.ones((batch,), jnp.int32), jnp.zeros((batch, k, vocab), jnp.float32),
+                            jnp.zeros((batch, width), jnp.int32), jnp.zeros((batch, width), jnp.int32),
+                            jnp.zeros((batch, width), bool), zeros, zeros, jnp.zeros((batch,), bool), zeros, zeros)
         final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
         return DecodeOutput(final.tokens, final.count, final.nfe, final.passes, final.corrected, final.drafted,
                             final.accepted)
+
+    def speculative_test(self, p_logits: jax.Array, q_logits: jax.Array, drafts: jax.Array, is_draft: jax.Array,
+                         accept_rng: jax.Array, token_rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Speculative sampling over `[B, k]` drafts: how many are accepted, and the token after them.
+
+        Draft j (where `is_draft`) was drawn from softmax(q_logits[:, j]); softmax(p_logits[:, j]) is the
+        target distribution at its position. Accepted with probability min(1, p/q), left to right up to the
+        first rejection; the token after the accepted drafts is drawn from normalize(max(0, p - q)) at a
+        rejected position, from p after the last draft.
+        """
+        p = jax.nn.softmax(p_logits, axis=-1)
+        q = jax.nn.softmax(q_logits, axis=-1)
+        p_draft = jnp.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]
+        q_draft = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+        u = jax.random.uniform(accept_rng, drafts.shape)
+        accepted = jnp.cumprod(is_draft & (u * q_draft < p_draft), axis=1).sum(axis=1)  # u < p/q, q > 0 for a draft
+        at = accepted[:, None, None]
+        p_next, q_next = jnp.take_along_axis(p, at, axis=1)[:, 0], jnp.take_along_axis(q, at, axis=1)[:, 0]
+        residual = jnp.maximum(p_next - q_next, 0.0)
+        rejected = (jnp.take_along_axis(is_draft, accepted[:, None], axis=1)[:, 0]
+                    & (residual.sum(axis=-1) > 0))  # p == q leaves no residual, and then never rejects
+        weights = jnp.where(rejected[:, None], residual, p_next)
+        return accepted, jax.random.categorical(token_rng, jnp.log(weights), axis=-1).astype(jnp.int32)

@@ -74,7 +74,7 @@ def test_sample_json_on_smollm2_and_too_long_prompt():
     (["--block-size", "0"], "block_size=0 must be >= 1"),
     (["--proxy", "vibes"], "unknown proxy 'vibes'"),
     (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
-    (["--verify", "--temperature", "0.7"], "verify needs greedy decoding"),
+    (["--verify", "--gamma", "0.5"], "--gamma has no effect with --verify"),
 ])
 def test_sample_bad_sbd_options(flags, message):
     assert_one_line_error(run("sample.py", "--prompt", "hi", "--mode", "sbd", *flags), message)
@@ -100,8 +100,6 @@ def test_sample_sbd_on_smollm2(tmp_path):
     for row in map(json.loads, proc.stdout.strip().splitlines()):
         assert row["mode"] == "sbd" and row["block_size"] == 4 and len(row["reveal_pass"]) == row["new_tokens"]
         assert 0 < row["nfe"] and row["tokens_per_pass"] == row["new_tokens"] / row["nfe"]
-    shown = run(*common, "--mask-token-id", "4", "--show-passes")
-    assert shown.returncode == 0 and "\x1b[3" in shown.stdout and "mean" in shown.stdout
 
 
 def test_verify_needs_sbd_mode():
@@ -115,7 +113,7 @@ def test_sample_verify_prints_exactly_the_ntp_text_of_the_shipped_model():
     common = ["sample.py", "--model", model, "--chat", "--prompt", "c5b7a2+b8a6", "--prompt", "d1c0b9a9+a1",
               "--max-new-tokens", "72", "--json"]
     ntp = [json.loads(line) for line in run(*common).stdout.strip().splitlines()]
-    proc = run(*common, "--mode", "sbd", "--verify", "--gamma", "1e9", "--block-size", "8")
+    proc = run(*common, "--mode", "sbd", "--verify", "--block-size", "8")
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(line) for line in proc.stdout.strip().splitlines()]
     for verified, reference in zip(rows, ntp):
@@ -124,3 +122,5 @@ def test_sample_verify_prints_exactly_the_ntp_text_of_the_shipped_model():
         assert len(verified["corrected"]) == verified["new_tokens"]
     shown = run(*common[:-1], "--mode", "sbd", "--verify", "--show-passes")
     assert shown.returncode == 0 and "\x1b[" in shown.stdout and "mean" in shown.stdout
+    passes = run(*common[:-1], "--mode", "sbd", "--gamma", "0.5", "--show-passes")  # EB: tokens coloured by pass
+    assert passes.returncode == 0 and "\x1b[3" in passes.stdout and "mean" in passes.stdout

@@ -206,7 +206,6 @@ def test_negative_gamma(params):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"block_size": 0}, "block_size=0 must be >= 1"),
-    ({"verify": True, "temperature": 0.7}, "verify needs greedy decoding"),
     ({"proxy": "vibes"}, "unknown proxy 'vibes': use one of entropy, confidence, margin, left_to_right"),
     ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
 ])

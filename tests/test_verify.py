@@ -10,7 +10,6 @@ import pytest
 from sbd_jax.decoders import NTPDecoder, SBDDecoder
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
-from sbd_jax.token_choice import eb_reveal, uncertainty
 from tests.conftest import requires_smollm2
 from tests.test_decoding import CFG as QWEN2
 
@@ -41,8 +40,7 @@ def ntp(name, max_new, eos=()):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("k", [1, 3, 4, 16])
-@pytest.mark.parametrize("gamma", [0.0, 0.5, 1e9])
-def test_verified_output_equals_greedy_ntp(name, k, gamma):
+def test_verified_output_equals_greedy_ntp(name, k):
     cfg, params = model(name)
     free = ntp(name, 20)
     # EOS ids that first appear mid-answer (inside blocks), differently in each row.
@@ -51,24 +49,32 @@ def test_verified_output_equals_greedy_ntp(name, k, gamma):
         reference = ntp(name, 20, stop)
         assert stop == () or any(len(r.token_ids) < 20 for r in reference)
         results, _ = generate(SBDDecoder(cfg, max_new_tokens=20, block_size=k, verify=True, eos_ids=stop),
-                              params, PROMPTS, gamma=gamma)
+                              params, PROMPTS)
         for ours, expected in zip(results, reference):
             assert ours.token_ids == expected.token_ids
-            assert 1 <= ours.nfe <= k * len(ours.token_ids)
+            assert 1 <= ours.nfe <= len(ours.token_ids)  # one-pass drafts: never more forwards than NTP
             assert ours.accepted <= ours.drafted
 
 
+@functools.lru_cache(maxsize=None)
+def _apply(cfg):
+    return jax.jit(Transformer(cfg).apply)
+
+
 def _forward(cfg, params, tokens, block):
-    """Uncached logits of `tokens` (causal) followed by `block` positions that see all of it and each other."""
+    """Uncached logits of `tokens` (causal) followed by `block` positions that see all of it and each other.
+    Right-padded to a multiple of 128 (nothing real attends to padding): calls share one compiled forward."""
     n = len(tokens)
-    mask = np.tril(np.ones((n, n), bool))
-    mask[n - block:, n - block:] = True
-    logits, _ = jax.jit(Transformer(cfg).apply)({"params": params}, jnp.asarray([tokens]), jnp.arange(n)[None],
-                                                mask=jnp.asarray(mask))
-    return logits[0].at[:, cfg.mask_token_id].set(-jnp.inf)  # the mask token is never an output
+    width = -(-n // 128) * 128
+    mask = np.tril(np.ones((width, width), bool))
+    mask[n - block: n, n - block: n] = True
+    padded = np.zeros((1, width), np.int32)
+    padded[0, :n] = tokens
+    logits, _ = _apply(cfg)({"params": params}, jnp.asarray(padded), jnp.arange(width)[None], mask=jnp.asarray(mask))
+    return logits[0, :n].at[:, cfg.mask_token_id].set(-jnp.inf)  # the mask token is never an output
 
 
-def reference_verified(cfg, params, prompt, max_new, k, gamma, eos=()):
+def reference_verified(cfg, params, prompt, max_new, k, eos=()):
     """Verified SBD written plainly with uncached forwards: (tokens, nfe, drafted, accepted, corrected)."""
     mask = cfg.mask_token_id
     committed, pending = list(prompt[:-1]), [prompt[-1]]  # pending: an exact token, then its drafts
@@ -103,24 +109,9 @@ def reference_verified(cfg, params, prompt, max_new, k, gamma, eos=()):
         if m < len(drafts):
             pending = [exact[m]]
             continue
-        block = [exact[m]] + [mask] * (k - 1)
-        block_logits = logits[-k:]
+        # Every draft accepted: the next block is drafted from this same pass, as far as max_new_tokens reaches.
         budget = max_new - len(out) + 1
-
-        def undecided():
-            eos_at = min([i for i, t in enumerate(block) if t in eos] + [k])
-            return [i for i in range(k) if block[i] == mask and i < eos_at and i < budget]
-
-        todo = undecided()
-        while todo:  # EB on the first pass's block logits, then refine passes over the cache
-            now = np.asarray(eb_reveal(uncertainty(block_logits, "entropy"),
-                                       jnp.asarray([i in todo for i in range(k)]), gamma))
-            for i in np.flatnonzero(now):
-                block[i] = int(jnp.argmax(block_logits[i]))
-            todo = undecided()
-            if todo:
-                block_logits = _forward(cfg, params, committed + block, k)[-k:]
-                nfe += 1
+        block = [exact[m]] + [int(jnp.argmax(logits[i - k])) if i < budget else mask for i in range(1, k)]
         pending = block
 
 
@@ -135,8 +126,8 @@ def trained_arithmetic_model():
 
 
 @pytest.mark.parametrize("which", ["random", "trained"])
-@pytest.mark.parametrize("k, gamma", [(4, 0.5), (8, 1e9)])
-def test_accounting_equals_the_python_reference(which, k, gamma):
+@pytest.mark.parametrize("k", [4, 8])
+def test_accounting_equals_the_python_reference(which, k):
     if which == "random":
         cfg, params = model("llama")
         prompts, eos = PROMPTS[:3], ()
@@ -144,10 +135,10 @@ def test_accounting_equals_the_python_reference(which, k, gamma):
         cfg, params, prompts = trained_arithmetic_model()
         eos = cfg.eos_token_ids
     results, _ = generate(SBDDecoder(cfg, max_new_tokens=40, block_size=k, verify=True, eos_ids=eos), params,
-                          prompts, gamma=gamma)
+                          prompts)
     expected, _ = generate(NTPDecoder(cfg, max_new_tokens=40, eos_ids=eos), params, prompts)
     for prompt, ours, ntp_result in zip(prompts, results, expected):
-        tokens, nfe, drafted, accepted, corrected = reference_verified(cfg, params, prompt, 40, k, gamma, eos)
+        tokens, nfe, drafted, accepted, corrected = reference_verified(cfg, params, prompt, 40, k, eos)
         assert ours.token_ids == tokens == ntp_result.token_ids
         assert (ours.nfe, ours.drafted, ours.accepted, ours.corrected) == (nfe, drafted, accepted, corrected)
     if which == "trained":  # right drafts: well over one token per pass, identical output
@@ -168,8 +159,7 @@ def test_verified_smollm2_with_an_untrained_mask_token_equals_ntp():
     prompts = [encode_prompt(loaded.tokenizer, p, chat=True) for p in CHAT_PROMPTS[:3]]
     common = dict(max_new_tokens=40, eos_ids=cfg.eos_token_ids)
     expected, _ = generate(NTPDecoder(cfg, **common), params, prompts)
-    for k, gamma in ((4, 1e9), (16, 0.5)):
-        results, _ = generate(SBDDecoder(cfg, block_size=k, verify=True, **common), params, prompts, gamma=gamma)
-        for ours, reference in zip(results, expected):
-            assert ours.token_ids == reference.token_ids
-        assert sum(r.drafted - r.accepted for r in results) > 0  # rejections happened
+    results, _ = generate(SBDDecoder(cfg, block_size=8, verify=True, **common), params, prompts)
+    for ours, reference in zip(results, expected):
+        assert ours.token_ids == reference.token_ids
+    assert sum(r.drafted - r.accepted for r in results) > 0  # rejections happened

@@ -1,0 +1,121 @@
+"""Verified SBD at temperature > 0 samples exactly NTP's distribution: a test of the distribution itself.
+
+A tiny model with a 9-token vocabulary (one of them the mask token); 20,000 seeded rows of the same
+prompt decoded with verification; the joint distribution of the first three generated tokens (the
+first exact, the next two through the draft test) is compared with NTP's, computed exactly from the
+model's logits, by a χ² test and a total-variation bound. The same test rejects a variant that accepts
+drafts without the ratio test, and one that replaces a rejected draft from p instead of the residual.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from sbd_jax.config import ModelConfig
+from sbd_jax.decoders import SBDDecoder
+from sbd_jax.model import Transformer, init_params
+from sbd_jax.sampler import generate
+from sbd_jax.token_choice import sampling_logits, without_token
+
+VOCAB, MASK = 9, 8
+CFG = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=64, mask_token_id=MASK)
+PROMPT = [3, 1, 4, 1, 5]
+ROWS, NEW = 20_000, 3
+
+
+@functools.lru_cache(maxsize=None)
+def params():
+    """Weights sharpened so that each token's distribution depends strongly on the tokens before it,
+    and the masked block's guesses (q) differ from the causal distributions (p)."""
+    p = init_params(CFG, seed=11)
+    p["embed_tokens"]["embedding"] = p["embed_tokens"]["embedding"] * 20
+    p["lm_head"]["kernel"] = p["lm_head"]["kernel"] * 5
+    return p
+
+
+def ntp_joint(temperature, top_p):
+    """P(t1, t2, t3) of NTP sampling, from one forward over every 2-token continuation."""
+    pairs = np.array([(a, b) for a in range(VOCAB) for b in range(VOCAB)])
+    tokens = jnp.asarray(np.concatenate([np.tile(PROMPT, (len(pairs), 1)), pairs], axis=1))
+    logits, _ = Transformer(CFG).apply({"params": params()}, tokens, jnp.arange(tokens.shape[1])[None])
+    probs = np.asarray(jax.nn.softmax(sampling_logits(without_token(logits[:, -3:], MASK), temperature, top_p), -1),
+                       np.float64)
+    first, second, third = probs[0, 0], probs[:, 1].reshape(VOCAB, VOCAB, VOCAB)[:, 0], probs[:, 2]
+    joint = first[:, None, None] * second[:, :, None] * third.reshape(VOCAB, VOCAB, VOCAB)
+    return joint / joint.sum()
+
+
+def sampled_joint(decoder, seed):
+    results, _ = generate(decoder, params(), [PROMPT] * ROWS, seed=seed)
+    counts = np.zeros((VOCAB,) * NEW)
+    for r in results:
+        counts[tuple(r.token_ids)] += 1
+    return counts, results
+
+
+def chi_square_p(counts, expected_probs):
+    """p-value of counts against expected probabilities, cells with expected count < 5 pooled."""
+    expected = expected_probs.ravel() * counts.sum()
+    observed = counts.ravel()
+    small = expected < 5
+    e = np.append(expected[~small], expected[small].sum())
+    o = np.append(observed[~small], observed[small].sum())
+    statistic = ((o - e) ** 2 / np.maximum(e, 1e-12)).sum()
+    return stats.chi2.sf(statistic, len(e) - 1)
+
+
+def total_variation(counts, probs):
+    return 0.5 * np.abs(counts / counts.sum() - probs).sum()
+
+
+def sampling_noise(probs, n):
+    """The total variation a sample of n exact draws shows on average (normal approximation per cell)."""
+    return 0.5 * np.sqrt(2 * probs * (1 - probs) / (np.pi * n)).sum()
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptsEveryDraft(SBDDecoder):
+    """Broken on purpose: drafts are kept without the ratio test."""
+    def speculative_test(self, p_logits, q_logits, drafts, is_draft, accept_rng, token_rng):
+        accepted = is_draft.sum(axis=1)
+        after = jnp.take_along_axis(p_logits, accepted[:, None, None], axis=1)[:, 0]
+        return accepted, jax.random.categorical(token_rng, after, axis=-1).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplacesFromP(SBDDecoder):
+    """Broken on purpose: a rejected draft is replaced by a draw from p, not from the residual."""
+
+    def speculative_test(self, p_logits, q_logits, drafts, is_draft, accept_rng, token_rng):
+        accepted, _ = super().speculative_test(p_logits, q_logits, drafts, is_draft, accept_rng, token_rng)
+        after = jnp.take_along_axis(p_logits, accepted[:, None, None], axis=1)[:, 0]
+        return accepted, jax.random.categorical(token_rng, after, axis=-1).astype(jnp.int32)
+
+
+def decoder(kind, temperature, top_p, block_size=3):
+    return kind(CFG, max_new_tokens=NEW, block_size=block_size, verify=True, temperature=temperature, top_p=top_p)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.8)])
+def test_verified_sampling_draws_from_ntp_distribution(temperature, top_p):
+    expected = ntp_joint(temperature, top_p)
+    counts, results = sampled_joint(decoder(SBDDecoder, temperature, top_p), seed=0)
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    assert 0.2 < accepted / drafted < 0.95  # both branches (accept, reject + residual) are exercised
+    assert sum(r.nfe for r in results) < NEW * ROWS  # fewer forwards than NTP
+    assert chi_square_p(counts, expected) > 1e-3
+    assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)
+
+
+@pytest.mark.parametrize("broken", [AcceptsEveryDraft, ReplacesFromP])
+def test_the_distribution_test_rejects_an_inexact_verifier(broken):
+    expected = ntp_joint(1.0, 1.0)
+    counts, _ = sampled_joint(decoder(broken, 1.0, 1.0), seed=0)
+    assert chi_square_p(counts, expected) < 1e-6
+    assert total_variation(counts, expected) > 1.5 * sampling_noise(expected, ROWS)
