@@ -24,8 +24,10 @@ QUICK = [f"--config.data.files={tuple(DATA)!r}", "--config.data.seq_len=64", "--
 
 def quick_config(**train):
     cfg = tiny.get_config()
-    cfg.data.files, cfg.data.seq_len, cfg.train.batch_size, cfg.mesh = tuple(DATA), 64, 8, (1, -1, 1)  # 8 devices
+    # 8 devices, data-parallel: half the step time of an fsdp mesh here (sharded steps: test_sharding.py)
+    cfg.data.files, cfg.data.seq_len, cfg.train.batch_size, cfg.mesh = tuple(DATA), 64, 8, (-1, 1, 1)
     cfg.objective.block_size_min, cfg.objective.block_size_max = 2, 5
+    cfg.data.workers = 0  # in-process reading: Grain's worker processes are tested in test_streaming.py and below
     for name, value in train.items():
         section, key = name.split("__")
         cfg[section][key] = value
@@ -90,7 +92,7 @@ def test_one_compiled_step_for_every_block_size_equals_the_step_compiled_for_tha
     one_step = jax.jit(functools.partial(per_size.func, **keywords, block_sizes=(2, 16)))
     state = TrainState(jnp.int32(0), params, tx.init(params))
     rng = jax.random.key(5)
-    for k in range(2, 17):
+    for k in (2, 3, 8, 13, 16):  # the ends of the range, sizes that divide the row and sizes that do not
         expected_state, expected = jax.jit(functools.partial(per_size, block_size=k))(state, batch, rng)
         got_state, got = one_step(state, batch, rng, jnp.int32(k))
         for name in expected:
