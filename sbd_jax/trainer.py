@@ -335,6 +335,11 @@ class Trainer:
         shape = shape_of(self.config)
         return training_flops_per_token(shape, self.cfg.objective.kind) * self.cfg.train.batch_size * self.cfg.data.seq_len
 
+    def export_checkpoint(self, step: int, path: str) -> None:
+        """Writes this run's checkpoint of `step` as an HF directory (milestones of a run, e.g. a trend)."""
+        self._restore_from(self.checkpoint_manager(), step, self.workdir)
+        self.export(path)
+
     def export(self, path: str) -> None:
         """Writes the trained model (with its mask token) as an HF directory. Every process takes part
         (parameters may be sharded across hosts); process 0 writes, one safetensors file at a time."""

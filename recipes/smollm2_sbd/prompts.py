@@ -1,45 +1,82 @@
 """Offline prompts for self-distillation: nothing is downloaded, everything is derived from local sources.
 
 Three kinds, mixed: coding requests built from the signatures and docstrings of standard-library
-functions, templated grade-school arithmetic word problems, and short explanation requests about
-standard-library modules. The list is a pure function of (count, seed).
+functions and methods, templated grade-school arithmetic word problems, and short explanation
+requests about standard-library modules. Training and held-out prompts never share a module: every
+fifth module (sorted by name) is held out, and an arithmetic prompt is held out by a hash of its text.
+The lists are pure functions of (count, seed, split).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import zlib
 
 import numpy as np
 
-# Pure-Python modules with many documented functions; importing them has no side effects.
-MODULES = ("textwrap", "string", "statistics", "heapq", "bisect", "fnmatch", "posixpath", "shlex", "json",
-           "base64", "difflib", "calendar", "colorsys", "html", "ipaddress", "keyword", "operator",
-           "random", "re", "copy", "functools", "itertools", "glob", "shutil", "tempfile", "urllib.parse",
-           "uuid", "zlib", "hashlib", "fractions", "decimal", "datetime", "collections", "csv", "math")
+# Standard-library modules with many documented functions or methods; importing them has no side effects.
+MODULES = ("ast", "base64", "bz2", "calendar", "cmd", "codecs", "collections", "configparser", "contextlib",
+           "dataclasses", "difflib", "dis", "email.message", "email.utils", "enum", "fileinput", "fnmatch",
+           "functools", "graphlib", "gzip", "heapq", "hmac", "html", "http.cookies", "inspect", "ipaddress",
+           "locale", "logging", "lzma", "mimetypes", "optparse", "os", "pathlib", "pickletools", "posixpath",
+           "pprint", "queue", "quopri", "random", "re", "selectors", "shlex", "shutil", "socket", "statistics",
+           "string", "subprocess", "tarfile", "tempfile", "textwrap", "threading", "timeit", "tokenize",
+           "traceback", "typing", "urllib.parse", "urllib.request", "uuid", "weakref", "xml.dom.minidom",
+           "zipfile")
+HELDOUT_MODULES = MODULES[::5]
+SPLITS = ("train", "heldout")
 
 NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jin", "Kofi", "Lena")
 ITEMS = ("apples", "pencils", "stickers", "marbles", "books", "cookies", "stamps", "shells")
 
 
 def function_specs() -> list[tuple[str, str, str]]:
-    """(module, name + signature, first docstring sentence) of documented public functions."""
+    """(module, name + signature, first docstring sentence) of documented public functions and methods
+    (`Class.method`) of `MODULES`."""
     specs = []
     for module_name in MODULES:
         module = importlib.import_module(module_name)
         for name, obj in sorted(vars(module).items()):
-            if name.startswith("_") or not inspect.isfunction(obj) or obj.__module__ != module.__name__:
+            if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
                 continue
-            doc = inspect.getdoc(obj)
-            try:
-                signature = str(inspect.signature(obj))
-            except (TypeError, ValueError):
+            if inspect.isfunction(obj):
+                members = [(name, obj)]
+            elif inspect.isclass(obj):
+                members = [(f"{name}.{m}", f) for m, f in sorted(vars(obj).items())
+                           if not m.startswith("_") and inspect.isfunction(f)]
+            else:
                 continue
-            if doc and len(signature) < 80:
-                sentence = doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
-                if 10 < len(sentence) < 200:
-                    specs.append((module_name, name + signature, sentence))
+            for qualified, function in members:
+                spec = _spec(module_name, qualified, function)
+                if spec:
+                    specs.append(spec)
     return specs
+
+
+def _spec(module_name: str, name: str, function: object) -> tuple[str, str, str] | None:
+    doc = inspect.getdoc(function)
+    try:
+        signature = str(inspect.signature(function))
+    except (TypeError, ValueError):
+        return None
+    if not doc or len(signature) >= 80:
+        return None
+    sentence = doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
+    return (module_name, name + signature, sentence) if 10 < len(sentence) < 200 else None
+
+
+def heldout_source_files() -> list[str]:
+    """The source files of the held-out modules: real text nobody here wrote, for held-out NTP loss."""
+    return [inspect.getsourcefile(importlib.import_module(m)) for m in HELDOUT_MODULES]
+
+
+def split_of(prompt: str, module: str | None) -> str:
+    """'heldout' for prompts about a held-out module and for one arithmetic prompt in five (by a hash of
+    its text, so the same text always falls on the same side); else 'train'."""
+    if module is not None:
+        return "heldout" if module in HELDOUT_MODULES else "train"
+    return "heldout" if zlib.crc32(prompt.encode()) % 5 == 0 else "train"
 
 
 def coding_prompt(spec: tuple[str, str, str], rng: np.random.Generator) -> str:
@@ -71,18 +108,22 @@ def arithmetic_prompt(rng: np.random.Generator) -> str:
     return templates[int(rng.integers(len(templates)))] + " Explain step by step."
 
 
-def make_prompts(count: int, seed: int) -> list[str]:
-    """`count` distinct prompts, about 45% coding, 20% explanation, 35% arithmetic."""
+def make_prompts(count: int, seed: int, split: str = "train") -> list[str]:
+    """`count` distinct prompts of one split, about 45% coding, 20% explanation, 35% arithmetic."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} must be one of {SPLITS}")
     rng = np.random.default_rng(seed)
     specs = function_specs()
     prompts: dict[str, None] = {}
     while len(prompts) < count:
         kind = rng.random()
+        spec = specs[int(rng.integers(len(specs)))]
         if kind < 0.45:
-            prompt = coding_prompt(specs[int(rng.integers(len(specs)))], rng)
+            prompt, module = coding_prompt(spec, rng), spec[0]
         elif kind < 0.65:
-            prompt = explanation_prompt(specs[int(rng.integers(len(specs)))], rng)
+            prompt, module = explanation_prompt(spec, rng), spec[0]
         else:
-            prompt = arithmetic_prompt(rng)
-        prompts[prompt] = None
+            prompt, module = arithmetic_prompt(rng), None
+        if split_of(prompt, module) == split:
+            prompts[prompt] = None
     return list(prompts)

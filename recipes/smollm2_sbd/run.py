@@ -1,12 +1,14 @@
 """The whole recipe, one command: self-distilled data -> SBD fine-tune -> evaluation against the base model.
 
-    python recipes/smollm2_sbd/run.py --workdir runs/smollm2_sbd     # sized for one H200 (~8 min; not yet measured)
-    python recipes/smollm2_sbd/run.py --workdir runs/cpu --cpu      # a few hundred small steps on a CPU
+    python recipes/smollm2_sbd/run.py --workdir runs/smollm2_sbd     # sized for one H200 (not yet run on one)
+    python recipes/smollm2_sbd/run.py --workdir runs/cpu --cpu      # the real-text study on a 2-core CPU
     python recipes/smollm2_sbd/run.py --workdir /tmp/smoke --smoke  # toy sizes: checks every stage
 
 Stages skip what is already done in --workdir: distilled data is reused, training resumes from its
-last checkpoint (Orbax), evaluation always reruns. Any Llama/Qwen HF directory works as --base (with
---config configs/llama3_8b.py or configs/qwen3_8b.py for 8B models: their mesh, remat and optimizer).
+last checkpoint (Orbax), milestone exports and every evaluation entry are cached. Results go to
+recipes/smollm2_sbd/results/{gpu,cpu} (with --smoke: WORKDIR/results). Any Llama/Qwen HF directory
+works as --base (with --config configs/llama3_8b.py or configs/qwen3_8b.py for 8B models: their mesh,
+remat and optimizer).
 """
 
 from __future__ import annotations
@@ -15,37 +17,55 @@ import argparse
 import json
 import math
 import os
+import platform
+import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
-# prompts, answer_tokens: distillation; steps, batch, seq_len: training (GPU: the config's own);
-# problems, heldout (None = all), max_new: evaluation.
-GPU = dict(prompts=4000, answer_tokens=256, keep_unfinished=False, distill_batch=128,
-           problems=None, heldout=None, max_new=256, eval_batch=64, gammas=(0.1, 0.35, 0.6, 1.0), block=16)
-CPU = dict(prompts=320, answer_tokens=96, keep_unfinished=False, distill_batch=32, steps=200, batch=2, seq_len=128,
-           problems=8, heldout=8, max_new=96, eval_batch=8, gammas=(0.1, 0.35, 0.6, 1.0), block=16)
+# Distillation: train_prompts answered with at most answer_tokens; held out: valid + test prompts.
+# Training: steps, batch, seq_len (GPU: the config's own), milestones checkpoints for the trend.
+# Evaluation: problems (None = all 164), max_new tokens, block sizes and the validation γ grid.
+GPU = dict(train_prompts=4000, answer_tokens=256, keep_unfinished=False, distill_batch=128, valid=100, test=300,
+           milestones=4, problems=None, max_new=256, eval_batch=64, block_sizes=(4, 8, 16),
+           gammas=(0.1, 0.35, 0.6, 1.0), trend_block=8, loss_rows=256)
+CPU = dict(train_prompts=800, answer_tokens=256, keep_unfinished=False, distill_batch=32, valid=100, test=200,
+           steps=150, batch=4, seq_len=512, milestones=3, problems=None, max_new=256, eval_batch=16,
+           block_sizes=(4, 8, 16), gammas=(0.1, 0.35, 0.6, 1.0), trend_block=8, loss_rows=64)
 # Smoke answers are too short to finish: keep them anyway, so there is something to train on.
-SMOKE = dict(prompts=12, answer_tokens=12, keep_unfinished=True, distill_batch=12, steps=2, batch=2, seq_len=64,
-             problems=2, heldout=2, max_new=12, eval_batch=2, gammas=(0.35,), block=4)
+SMOKE = dict(train_prompts=12, answer_tokens=12, keep_unfinished=True, distill_batch=12, valid=2, test=2,
+             steps=3, batch=2, seq_len=64, milestones=3, problems=2, max_new=12, eval_batch=2, block_sizes=(4,),
+             gammas=(0.35,), trend_block=4, loss_rows=2)
 
 
 def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
+    """train.jsonl (the base model's finished answers to the training prompts), valid.jsonl and test.jsonl
+    (held-out prompts), and data.json (counts and how repetitive the answers are)."""
     import jax
 
-    from recipes.smollm2_sbd.distill import chat_answers, write_distilled
-    from recipes.smollm2_sbd.prompts import make_prompts
+    from recipes.smollm2_sbd.distill import chat_answers, repetition, write_distilled, write_prompts
+    from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, make_prompts
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.decoders import NTPDecoder
 
     model = load_model(base, dtype=dtype)
-    prompts = make_prompts(sizes["prompts"], seed=0)
+    prompts = make_prompts(sizes["train_prompts"], seed=0)
     decoder = NTPDecoder(model.config, max_new_tokens=sizes["answer_tokens"], eos_ids=model.config.eos_token_ids)
     answers, generations = chat_answers(decoder, jax.device_put(model.params), model.tokenizer, prompts,
                                         sizes["distill_batch"])
-    return write_distilled(out, prompts, answers, generations, model.config.eos_token_ids, sizes["keep_unfinished"])
+    counts = write_distilled(out, prompts, answers, generations, model.config.eos_token_ids, sizes["keep_unfinished"])
+    heldout = make_prompts(sizes["valid"] + sizes["test"], seed=0, split="heldout")
+    write_prompts(os.path.join(out, "valid.jsonl"), heldout[: sizes["valid"]])
+    write_prompts(os.path.join(out, "test.jsonl"), heldout[sizes["valid"]:])
+    data = {**counts, "train_prompts": len(prompts), "answer_tokens": sizes["answer_tokens"], "valid": sizes["valid"],
+            "test": sizes["test"], "heldout_modules": list(HELDOUT_MODULES),
+            "repetition": repetition(generations, model.config.eos_token_ids)}
+    with open(os.path.join(out, "data.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    return data
 
 
 def load_config(path: str):
@@ -62,9 +82,7 @@ def load_config(path: str):
     return module.get_config()
 
 
-def train(config: str, base: str, data: str, workdir: str, sizes: dict, dtype: str) -> list[dict]:
-    from sbd_jax.trainer import Trainer
-
+def training_config(config: str, base: str, data: str, sizes: dict, dtype: str):
     cfg = load_config(config)
     cfg.model.name = base
     cfg.model.dtype = dtype
@@ -76,10 +94,61 @@ def train(config: str, base: str, data: str, workdir: str, sizes: dict, dtype: s
     cfg.train.grad_accum = math.gcd(cfg.train.grad_accum, cfg.train.batch_size)  # 8B configs accumulate 64
     if "steps" in sizes:
         cfg.optimizer.warmup_steps = max(cfg.train.steps // 10, 1)
-        cfg.checkpoint.every = max(cfg.train.steps // 4, 1)
-    Trainer(cfg, workdir).run()
+    cfg.checkpoint.every = max(cfg.train.steps // sizes["milestones"], 1)
+    cfg.checkpoint.keep = sizes["milestones"] + 1
+    return cfg
+
+
+def train(cfg, workdir: str) -> dict:
+    """Trains (or resumes) to cfg.train.steps; exports every kept milestone to WORKDIR/hf_STEP."""
+    from sbd_jax.trainer import Trainer
+
+    began = time.perf_counter()
+    trainer = Trainer(cfg, workdir)
+    trainer.run()
+    seconds = time.perf_counter() - began
+    milestones = {}
+    for step in sorted(trainer.checkpoint_manager().all_steps()):
+        path = os.path.join(workdir, f"hf_{step}")
+        if not os.path.exists(os.path.join(path, "config.json")):
+            trainer.export_checkpoint(step, path)
+        milestones[step] = path
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+        curve = [json.loads(line) for line in f]
+    tenth = max(len(curve) // 10, 1)
+    return {"steps": cfg.train.steps, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len,
+            "seconds_this_invocation": seconds, "milestones": milestones,
+            "loss_first_tenth": {k: sum(r[k] for r in curve[:tenth]) / tenth for k in ("ntp_loss", "matp_loss")},
+            "loss_last_tenth": {k: sum(r[k] for r in curve[-tenth:]) / tenth for k in ("ntp_loss", "matp_loss")},
+            "median_seconds_per_step": sorted(r["seconds"] for r in curve)[len(curve) // 2]}
+
+
+def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype: str) -> list[dict]:
+    """Tokens per forward on the validation prompts at every milestone: verified SBD and plain SBD (γ 0.35)."""
+    from recipes.smollm2_sbd.eval import Evaluations, Prompt, load, ntp_setting, sbd_setting, summary
+    from sbd_jax.jsonl import iter_jsonl
+
+    valid = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(data, "valid.jsonl"))]
+    out = []
+    k = sizes["trend_block"]
+    for step, path in sorted(milestones.items()):
+        name = f"step{step}"
+        evaluations = Evaluations(cache, {name: load(name, path, True, dtype)}, {"valid": valid}, sizes["max_new"],
+                                  sizes["eval_batch"])
+        ntp = evaluations.get(name, ntp_setting(), "valid")
+        out.append({"steps": int(step),
+                     "verified": summary(evaluations.get(name, sbd_setting(k, 1e9, verify=True), "valid"), ntp),
+                     "sbd": summary(evaluations.get(name, sbd_setting(k, 0.35), "valid"), ntp)})
+    return out
+
+
+def commit() -> str:
+    """The commit the results were measured at (`+dirty` with uncommitted changes to tracked files)."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def main(argv: list[str]) -> None:
@@ -89,42 +158,70 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.py"),
                         help="training config file; the recipe sets its model, data, steps, batch and seq_len")
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--cpu", action="store_true", help="CPU sizes: small batches, a subset of the evaluation")
+    size.add_argument("--cpu", action="store_true", help="the CPU study's sizes")
     size.add_argument("--smoke", action="store_true", help="toy sizes: checks every stage")
     parser.add_argument("--steps", type=int, default=None, help="override the number of training steps")
+    parser.add_argument("--stop-after", choices=("distill", "train"), default=None,
+                        help="stop after this stage (the next invocation continues from it)")
+    parser.add_argument("--results", default=None, help="where results.{json,md,png} go (default: "
+                        "recipes/smollm2_sbd/results/{gpu,cpu}; with --smoke, WORKDIR/results)")
     args = parser.parse_args(argv)
 
     import jax
 
+    from recipes.smollm2_sbd import eval as evaluation
+    from recipes.smollm2_sbd.report import write_report
+
+    preset = "smoke" if args.smoke else "cpu" if args.cpu else "gpu"
     sizes = dict(SMOKE if args.smoke else CPU if args.cpu else GPU)
     if args.steps:
         sizes["steps"] = args.steps
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
-    data, train_dir, results = (os.path.join(args.workdir, d) for d in ("data", "train", "results"))
-    seconds = {}
-    began = time.perf_counter()
-    if not os.path.exists(os.path.join(data, "train.jsonl")):
-        print("distill:", distill(args.base, data, sizes, dtype), flush=True)
-    seconds["distill"] = time.perf_counter() - began
-    curve = train(args.config, args.base, data, train_dir, sizes, dtype)
-    seconds["train"] = time.perf_counter() - began - seconds["distill"]
-    from recipes.smollm2_sbd import eval as evaluation
+    data, train_dir = os.path.join(args.workdir, "data"), os.path.join(args.workdir, "train")
+    out = args.results or (os.path.join(args.workdir, "results") if args.smoke else os.path.join(HERE, "results", preset))
+    os.makedirs(out, exist_ok=True)
+    command = "python recipes/smollm2_sbd/run.py --workdir WORKDIR" + {"gpu": "", "cpu": " --cpu", "smoke": " --smoke"}[preset]
+    results = {"preset": preset, "command": command, "commit": commit(), "sizes": sizes, "dtype": dtype,
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0]}, jax {jax.__version__}"}
+    seconds_path = os.path.join(args.workdir, "seconds.json")  # stage times, summed over invocations
+    seconds = json.load(open(seconds_path)) if os.path.exists(seconds_path) else {"distill": 0.0, "train": 0.0, "eval": 0.0}
 
-    argv = ["--base", args.base, "--tuned", os.path.join(train_dir, "hf"), "--heldout",
-            os.path.join(data, "heldout.jsonl"), "--out", results, "--gammas", *map(str, sizes["gammas"]),
-            "--block-size", str(sizes["block"]), "--max-new-tokens", str(sizes["max_new"]),
-            "--batch-size", str(sizes["eval_batch"]), "--dtype", dtype]
+    def timed(stage, fn, *a):
+        began = time.perf_counter()
+        value = fn(*a)
+        seconds[stage] += time.perf_counter() - began
+        with open(seconds_path, "w") as f:
+            json.dump(seconds, f)
+        return value
+
+    if not os.path.exists(os.path.join(data, "data.json")):
+        timed("distill", distill, args.base, data, sizes, dtype)
+    results["data"] = json.load(open(os.path.join(data, "data.json")))
+    results["seconds"] = seconds
+    _write(results, out, write_report)  # after every stage: a run cut short keeps what it finished
+    if args.stop_after == "distill":
+        return
+    results["train"] = timed("train", train, training_config(args.config, args.base, data, sizes, dtype), train_dir)
+    _write(results, out, write_report)
+    if args.stop_after == "train":
+        return
+    cache = os.path.join(args.workdir, "entries.json")
+    results["trend"] = timed("eval", trend, args.base, results["train"]["milestones"], data, cache, sizes, dtype)
+    _write(results, out, write_report)
+    argv = ["--base", args.base, "--tuned", os.path.join(train_dir, "hf"), "--data", data, "--cache", cache,
+            "--block-sizes", *map(str, sizes["block_sizes"]), "--gammas", *map(str, sizes["gammas"]),
+            "--max-new-tokens", str(sizes["max_new"]), "--batch-size", str(sizes["eval_batch"]),
+            "--loss-rows", str(sizes["loss_rows"]), "--dtype", dtype]
     argv += ["--problems", str(sizes["problems"])] if sizes["problems"] else []
-    argv += ["--heldout-prompts", str(sizes["heldout"])] if sizes["heldout"] else []
-    evaluation.main(argv)
-    seconds["eval"] = time.perf_counter() - began - seconds["distill"] - seconds["train"]
-    first, last = curve[: max(len(curve) // 10, 1)], curve[-max(len(curve) // 10, 1):]
-    summary = {"sizes": sizes, "seconds": seconds, "dtype": dtype, "device": str(jax.devices()[0]),
-               "loss_first_tenth": {k: sum(r[k] for r in first) / len(first) for k in ("ntp_loss", "matp_loss")},
-               "loss_last_tenth": {k: sum(r[k] for r in last) / len(last) for k in ("ntp_loss", "matp_loss")}}
-    with open(os.path.join(results, "run.json"), "w") as f:
-        json.dump(summary, f, indent=1)
-    print(json.dumps(summary))
+    results["evaluation"] = timed("eval", evaluation.main, argv)
+    _write(results, out, write_report)
+
+
+def _write(results: dict, out: str, write_report) -> None:
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    write_report(results, out)
+    print(f"wrote {out}/results.json and results.md", flush=True)
 
 
 if __name__ == "__main__":

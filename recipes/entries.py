@@ -1,0 +1,29 @@
+"""Evaluation entries computed once and kept in a JSON file: a recipe's evaluation resumes where it stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable
+
+
+class EntryCache:
+    """`get(key, compute)` returns the stored entry, or computes, times, stores and prints it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.entries: dict[str, Any] = json.load(open(path)) if os.path.exists(path) else {}
+
+    def get(self, key: str, compute: Callable[[], dict], describe: Callable[[dict], str]) -> dict:
+        if key not in self.entries:
+            began = time.perf_counter()
+            entry = compute()
+            self.entries[key] = {**entry, "seconds": time.perf_counter() - began}
+            self.save()
+            print(f"{describe(self.entries[key])} ({self.entries[key]['seconds']:.0f} s)", flush=True)
+        return self.entries[key]
+
+    def save(self) -> None:
+        with open(self.path, "w") as f:
+            json.dump(self.entries, f)
