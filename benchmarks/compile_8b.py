@@ -10,7 +10,6 @@ the number that must fit a GPU. Writes benchmarks/results/compile_8b_<config>.js
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -22,43 +21,22 @@ sys.path.insert(0, ROOT)
 
 def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: int | None = None) -> dict:
     import jax
-    import jax.numpy as jnp
 
     from sbd_jax import sharding
-    from sbd_jax.config import ModelConfig, RopeScaling
-    from sbd_jax.model import Transformer, init_params
-    from sbd_jax.objective import Batch
-    from sbd_jax.trainer import TrainState, jitted_train_step, make_optimizer
+    from sbd_jax.config_files import load_config_file
+    from sbd_jax.lower import model_config, train_step_inputs
 
-    spec = importlib.util.spec_from_file_location("config_module", config_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
+    cfg, architecture = load_config_file(config_path)
     if seq_len:
         cfg.data.seq_len = seq_len
-    arch = dict(module.ARCHITECTURE)
-    if arch.get("rope_scaling"):
-        arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
-    config = ModelConfig(**arch, dtype=cfg.model.dtype, param_dtype="float32", scan_layers=cfg.model.scan_layers,
-                         remat=cfg.model.remat, attention=cfg.model.attention, mask_token_id=0)
-    cfg.train.grad_accum = 1  # memory is per micro-batch; accumulation only adds a grads-sized buffer
-    cfg.train.batch_size = micro_batch
+    # memory is per micro-batch; accumulation only adds a grads-sized buffer
+    cfg.train.batch_size, cfg.train.grad_accum = micro_batch, 1
+    config = model_config(cfg, architecture)
     mesh = sharding.make_mesh(tuple(cfg.mesh), jax.devices()[:devices])
-    tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
-    params = jax.eval_shape(lambda: init_params(config))
-    opt_state = jax.eval_shape(tx.init, params)
-    state = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)
-    state_sh = TrainState(sharding.replicated(mesh), sharding.param_shardings(params, mesh),
-                          sharding.param_shardings(opt_state, mesh))
-    abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), state, state_sh)
-    shape = (micro_batch, cfg.data.seq_len)
-    batch_sh = sharding.batch_sharding(mesh)
-    batch = Batch(*[jax.ShapeDtypeStruct(shape, d, sharding=batch_sh) for d in (jnp.int32,) * 3 + (jnp.bool_,)])
-    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=sharding.replicated(mesh))
-    step = jitted_train_step(cfg, Transformer(config), tx, schedule, mesh, state_sh)
-    block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
+    step, args = train_step_inputs(cfg, config, mesh)
+    params = args[0].params
     began = time.perf_counter()
-    lowered = step.lower(abstract, batch, rng, block_size)
+    lowered = step.lower(*args)
     compiled = lowered.compile()
     seconds = time.perf_counter() - began
     memory = compiled.memory_analysis()

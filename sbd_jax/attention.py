@@ -9,6 +9,8 @@ Implementations:
 - `splash`: TPU's Pallas splash-attention kernel with the SBD mask (`splash.py`: block-sparse, fused
   backward, run under `shard_map` when the model is given its mesh). It needs head_dim % 128 == 0 and
   L a multiple of 128; off TPU it runs in Pallas interpret mode (CPU, for tests); GPU refuses it.
+The platform is the one being compiled for: the host's backend, or the target of `compiling_for`
+(lowering for TPU or CUDA on a CPU host, `sbd_jax/lower.py`).
 `auto` takes `splash` on TPU (one device or any mesh) when head_dim and L allow, else `blockwise` when
 a tile of 128, 256 or 512 cuts each half into at least two tiles (L >= 256, a multiple of 128; the
 largest such tile), else `reference`. At L = 256 (SmolLM2 shape, CPU) blockwise with 128-token tiles
@@ -17,7 +19,9 @@ made the whole SBD train step 1.24x faster than the dense reference (benchmarks/
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+import contextvars
+from typing import Any, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +34,8 @@ from sbd_jax.masks import SBDTrainingMask, tile_visits
 IMPLEMENTATIONS = ("auto", "reference", "blockwise", "splash")
 _TILES = (512, 256, 128)
 _NEG = -1e30  # finite: a fully masked tile row must not turn into NaN
+
+_TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("sbd_jax_target_platform", default=None)
 
 KeyPart = tuple[jax.Array, jax.Array, Any]  # k [B,S,K,H], v [B,S,K,H], mask: bool [B|1,T,S] or SBDTrainingMask
 
@@ -56,6 +62,23 @@ def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto", m
     return reference_attention(q_BTNH, parts)
 
 
+@contextlib.contextmanager
+def compiling_for(platform: str) -> Iterator[None]:
+    """Traces inside choose kernels for `platform` ("tpu", "cuda", "rocm" or "cpu"), not for the host.
+
+    Tracing does not know what it will be lowered for, and the kernel choice is made at trace time."""
+    token = _TARGET.set("gpu" if platform in ("cuda", "rocm") else platform)
+    try:
+        yield
+    finally:
+        _TARGET.reset(token)
+
+
+def target_platform() -> str:
+    """"tpu", "gpu" or "cpu": what the traced computation will run on."""
+    return _TARGET.get() or jax.default_backend()
+
+
 def _tile_for(seq_len: int) -> int | None:
     return next((t for t in _TILES if seq_len % t == 0), None)
 
@@ -72,7 +95,7 @@ def uses_blockwise(seq_len: int) -> bool:
 
 
 def _splash_fits(head_dim: int, seq_len: int) -> bool:
-    return jax.devices()[0].platform == "tpu" and head_dim % 128 == 0 and _tile_for(seq_len) is not None
+    return target_platform() == "tpu" and head_dim % 128 == 0 and _tile_for(seq_len) is not None
 
 
 def _splash(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
@@ -80,7 +103,7 @@ def _splash(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTr
     """Splash on this device or every device of `mesh`; a shape or platform it cannot serve is refused."""
     from sbd_jax import splash  # imports Pallas TPU ops: only when splash runs
 
-    head_dim, platform = q_BTNH.shape[-1], jax.devices()[0].platform
+    head_dim, platform = q_BTNH.shape[-1], target_platform()
     if platform == "gpu":
         raise UserError("attention='splash' is a TPU kernel (on GPU it would run in Pallas's slow interpreter); "
                         "use attention='blockwise' or 'auto'")
@@ -89,8 +112,8 @@ def _splash(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTr
                         f"(got head_dim={head_dim}, seq_len={mask.seq_len}); use attention='auto'")
     tile = _tile_for(mask.seq_len)
     if mesh is None or mesh.size == 1:
-        return splash.splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile)
-    return splash.sharded_splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile, mesh)
+        return splash.splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile, interpret=platform != "tpu")
+    return splash.sharded_splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile, mesh, interpret=platform != "tpu")
 
 
 def _grouped(q_BTNH: jax.Array, num_kv: int) -> jax.Array:

@@ -49,12 +49,22 @@ def sbd_allowed(q_idx: Any, kv_idx: Any, seq_len: int, block_size: int) -> Any:
     earlier blocks; clean->noisy never. Works on numpy and jax arrays alike.
     """
     q_noisy, kv_noisy = q_idx >= seq_len, kv_idx >= seq_len
-    q_block = (q_idx - seq_len * q_noisy) // block_size
-    kv_block = (kv_idx - seq_len * kv_noisy) // block_size
+    q_block = _block_of(q_idx - seq_len * q_noisy, block_size)
+    kv_block = _block_of(kv_idx - seq_len * kv_noisy, block_size)
     clean_clean = ~q_noisy & ~kv_noisy & (kv_idx <= q_idx)
     noisy_noisy = q_noisy & kv_noisy & (q_block == kv_block)
     noisy_clean = q_noisy & ~kv_noisy & (q_block > kv_block)
     return clean_clean | noisy_noisy | noisy_clean
+
+
+def _block_of(position: Any, block_size: Any) -> Any:
+    """`position // block_size` for positions >= 0, where truncating division equals floor division.
+    On jax arrays it is truncating: floor division adds a sign fix-up whose Mosaic lowering (splash's
+    in-kernel mask) asks the host for its TPU generation, so lowering for TPU elsewhere would fail."""
+    if isinstance(position, np.ndarray):
+        return position // block_size
+    position = jnp.asarray(position)
+    return jax.lax.div(position, jnp.broadcast_to(jnp.asarray(block_size, position.dtype), position.shape))
 
 
 def sbd_training_mask(seq_len: int, block_size: int) -> np.ndarray:

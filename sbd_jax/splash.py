@@ -52,11 +52,12 @@ def _kernel(seq_len: int, block_size: int, groups: int, tile: int, interpret: bo
 
 
 def splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
-                         tile: int) -> jax.Array:
+                         tile: int, interpret: bool) -> jax.Array:
     """One device: one MQA kernel per kv head (its GQA group of query heads), vmapped over the batch.
 
     Splash's mask is static, so a traced block size selects among one kernel per size of the mask's
-    range (`lax.switch`; 15 for sizes 2..16), all inside the one compiled step."""
+    range (`lax.switch`; 15 for sizes 2..16), all inside the one compiled step. `interpret`: Pallas's
+    interpreter (any platform; for tests)."""
     batch, total, num_heads, head_dim = q_BTNH.shape
     num_kv = k_BSKH.shape[2]
     q = (q_BTNH.reshape(batch, total, num_kv, num_heads // num_kv, head_dim) * head_dim**-0.5
@@ -64,8 +65,7 @@ def splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array
     k, v = k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 1, 3)  # [B, K, T, H]
 
     def with_block_size(block_size: int) -> Any:
-        kernel = _kernel(mask.seq_len, block_size, num_heads // num_kv, min(tile, total),
-                         jax.devices()[0].platform != "tpu")
+        kernel = _kernel(mask.seq_len, block_size, num_heads // num_kv, min(tile, total), interpret)
 
         def one_row(q_row, k_row, v_row, seg_row):
             ids = splash.SegmentIds(seg_row, seg_row)
@@ -83,7 +83,7 @@ def splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array
 
 
 def sharded_splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTrainingMask,
-                                 tile: int, mesh: Mesh) -> jax.Array:
+                                 tile: int, mesh: Mesh, interpret: bool) -> jax.Array:
     """`splash_sbd_attention` on every device of `mesh` (shard_map), each on its share of batch and heads.
 
     A dimension the mesh axes do not divide stays whole on every device (as `sharding.py` does for
@@ -98,7 +98,7 @@ def sharded_splash_sbd_attention(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: j
     def local(q, k, v, segment_ids, block_size):
         local_mask = SBDTrainingMask(segment_ids, block_size if block_range[0] != block_range[1] else block_range[0],
                                      mask.seq_len, block_range)
-        return splash_sbd_attention(q, k, v, local_mask, tile)
+        return splash_sbd_attention(q, k, v, local_mask, tile, interpret)
 
     block_size = np.int32(mask.block_size) if isinstance(mask.block_size, (int, np.integer)) else mask.block_size
     run = jax.shard_map(local, mesh=mesh, in_specs=(qkv, qkv, qkv, segments, PartitionSpec()), out_specs=qkv,

@@ -56,6 +56,7 @@ SLOW = (
     "test_benchmarks.py::test_h200_script_smoke",
     "test_train.py::test_sigkill_then_resume_reproduces_the_uninterrupted_run",
     "test_train.py::test_8b_configs_compile_on_8_devices_and_fit_80gb",
+    "test_lowering.py::test_the_8b_configs_lower_for_tpu_and_cuda",  # two 8B configs, two platforms
     "test_verify.py::test_verified_smollm2_with_an_untrained_mask_token_equals_ntp",  # real SmolLM2, 3 decoders
     "test_train.py::test_a_wsd_decay_branch_continues_the_long_run_it_starts_from",  # two training runs
     "test_train.py::test_a_run_over_every_block_size_compiles_its_step_once",  # 15 steps

@@ -124,13 +124,13 @@ def test_splash_kernel_in_interpret_mode_equals_reference():
     """TPU's splash kernel, run by Pallas's interpreter on CPU: values and gradients, GQA and packing."""
     seg = np.ones((2, 128), np.int32)
     seg[1, 50:] = 2
-    kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
+    kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128, interpret=True)  # noqa: E731
     assert_kernel_matches_reference(kernel, seg, 16, n_kv=2, g=2, h=128, seed=1)
 
 
 def test_splash_with_a_traced_block_size_switches_to_that_sizes_kernel():
     seg = np.ones((1, 128), np.int32)
-    kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128)  # noqa: E731
+    kernel = lambda q, kk, v, mask: splash_sbd_attention(q, kk, v, mask, 128, interpret=True)  # noqa: E731
     assert_kernel_matches_reference(kernel, seg, 7, n_kv=1, g=2, h=128, seed=3, traced_range=(6, 8))
 
 

@@ -68,22 +68,10 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     return data
 
 
-def load_config(path: str):
-    """`get_config()` of a config file (configs/*.py): its optimizer, mesh, remat and objective settings."""
-    import importlib.util
-
-    from sbd_jax.errors import UserError
-
-    if not os.path.isfile(path):
-        raise UserError(f"config file {path} does not exist; use one of configs/*.py")
-    spec = importlib.util.spec_from_file_location("recipe_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
-
-
 def training_config(config: str, base: str, data: str, sizes: dict, dtype: str):
-    cfg = load_config(config)
+    from sbd_jax.config_files import load_config_file
+
+    cfg, _ = load_config_file(config)
     cfg.model.name = base
     cfg.model.dtype = dtype
     cfg.data.files = (os.path.join(data, "train.jsonl"),)

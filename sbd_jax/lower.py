@@ -1,0 +1,206 @@
+"""Lower the SBD train step and the decoders for TPU or CUDA on any machine, this CPU included.
+
+    python -m sbd_jax.lower --config configs/llama3_8b.py --platform tpu [--devices 8] [--mesh 2,2,2]
+
+What lowering proves: the computation traces with the kernels chosen for the target platform (splash
+on TPU, blockwise on GPU), Pallas turns the splash kernel into Mosaic (`tpu_custom_call`) for every block
+size of the range, the sharding annotations of the mesh propagate, and no `[2L, 2L]` array of the
+training layout is built. What it does not prove: nothing is compiled by the target's backend (no XLA
+TPU/GPU compile, no Mosaic or Triton compile), nothing runs, nothing is timed, and memory is not
+checked (`benchmarks/compile_8b.py` does that for the host's own backend).
+
+No weights are read: shapes come from the config, abstract (`jax.ShapeDtypeStruct`) throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+from typing import Any, Sequence
+
+PLATFORMS = ("tpu", "cuda")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """One exported function: its name, the platform, and the facts read from its StableHLO text."""
+
+    name: str
+    platform: str
+    mosaic_calls: int  # splash kernels lowered to Mosaic (TPU custom calls)
+    dense_layout_arrays: int  # [2L, 2L] masks or score matrices (training layout; 0 = none materialised)
+    text_chars: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def describe(name: str, platform: str, exported: Any, layout_len: int | None = None) -> Lowered:
+    """Reads an `Exported`'s StableHLO: Mosaic calls, and (given `layout_len` = 2L) the values that are a
+    dense training mask (boolean, ending in [2L, 2L]) or a score matrix over it ([B, K, G, 2L, 2L]).
+    Activations `[B, 2L, heads x head_dim]` may end in [2L, 2L] too when heads x head_dim = 2L; their
+    rank (3) and dtype keep them out of the count."""
+    text = exported.mlir_module()
+    dense = 0
+    if layout_len:
+        for leading, dtype in re.findall(rf"tensor<((?:[0-9]+x)*){layout_len}x{layout_len}x(\w+)>", text):
+            dense += dtype == "i1" or leading.count("x") >= 2
+    return Lowered(name, platform, text.count("tpu_custom_call"), dense, len(text))
+
+
+def model_config(cfg: Any, architecture: dict | None = None) -> Any:
+    """The ModelConfig a training config trains, with a mask token id (0: shapes are all that matter).
+
+    From `architecture` (an 8B config's ARCHITECTURE), else `cfg.model.architecture`, else the config of
+    `cfg.model.name` (the embedded GGUF or an HF directory)."""
+    from sbd_jax.checkpoints.load import load_model, resolve
+    from sbd_jax.config import ModelConfig, RopeScaling
+    from sbd_jax.tokenizer import load_tokenizer
+
+    m = cfg.model
+    run = dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers, remat=m.remat,
+               attention=m.attention, mask_token_id=0)
+    arch = dict(architecture or m.architecture or {})
+    if not arch:
+        return load_model(m.name, with_tokenizer=False).config.replace(**run)
+    if arch.get("rope_scaling"):
+        arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
+    if "vocab_size" not in arch:
+        arch["vocab_size"] = len(load_tokenizer(resolve(m.tokenizer)))
+    return ModelConfig(**arch, **run)
+
+
+def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
+    """The jitted SBD train step of `cfg` on `mesh` and abstract arguments carrying their shardings:
+    state (step, params, AdamW state), one micro-batch, rng and a traced block size."""
+    import jax
+    import jax.numpy as jnp
+
+    from sbd_jax import sharding
+    from sbd_jax.model import Transformer, init_params
+    from sbd_jax.objective import Batch
+    from sbd_jax.trainer import TrainState, jitted_train_step, make_optimizer
+
+    cfg = _one_micro_batch(cfg)
+    tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
+    params = jax.eval_shape(lambda: init_params(config))
+    opt_state = jax.eval_shape(tx.init, params)
+    shapes = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)
+    shardings = TrainState(sharding.replicated(mesh), sharding.param_shardings(params, mesh),
+                           sharding.param_shardings(opt_state, mesh))
+    state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+    rows = (cfg.train.batch_size, cfg.data.seq_len)
+    batch_sh = sharding.batch_sharding(mesh)
+    batch = Batch(*[jax.ShapeDtypeStruct(rows, d, sharding=batch_sh) for d in (jnp.int32,) * 3 + (jnp.bool_,)])
+    replicated = sharding.replicated(mesh)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    step = jitted_train_step(cfg, Transformer(config, mesh=mesh), tx, schedule, mesh, shardings)
+    return step, (state, batch, rng, block_size)
+
+
+def _one_micro_batch(cfg: Any) -> Any:
+    """The step for one micro-batch: accumulation only loops it (and adds one grads-sized buffer)."""
+    cfg = cfg.copy_and_resolve_references()
+    cfg.train.batch_size //= cfg.train.grad_accum
+    cfg.train.grad_accum = 1
+    return cfg
+
+
+def lower_train_step(cfg: Any, config: Any, mesh: Any, platform: str) -> Lowered:
+    """Exports the SBD train step of `cfg` (every block size of its range: one traced size) for `platform`."""
+    import jax
+
+    from sbd_jax.attention import compiling_for
+
+    step, args = train_step_inputs(cfg, config, mesh)
+    with compiling_for(platform):
+        exported = jax.export.export(step, platforms=(platform,))(*args)
+    return describe(f"train_step[{config.attention}]", platform, exported, 2 * cfg.data.seq_len)
+
+
+def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_new_tokens: int,
+                   block_size: int) -> list[Lowered]:
+    """Exports prefill and the NTP, SBD and verified-SBD decode loops (greedy and sampled) for `platform`."""
+    import jax
+    import jax.numpy as jnp
+
+    from sbd_jax.attention import compiling_for
+    from sbd_jax.decoders import NTPDecoder, SBDDecoder
+    from sbd_jax.model import init_params
+
+    params = jax.eval_shape(lambda: init_params(config))
+    capacity = prompt_len + max_new_tokens + block_size
+    prompts = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
+    lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+    gamma = jax.ShapeDtypeStruct((), jnp.float32)
+    eos = tuple(config.eos_token_ids) or (0,)
+    decoders = {
+        "ntp": (NTPDecoder(config, max_new_tokens, eos_ids=eos), ()),
+        "ntp_sampled": (NTPDecoder(config, max_new_tokens, temperature=0.8, top_p=0.95, eos_ids=eos), ()),
+        "sbd": (SBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size), (gamma,)),
+        "verify": (SBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size, verify=True), (gamma,)),
+        "verify_sampled": (SBDDecoder(config, max_new_tokens, temperature=0.8, top_p=0.95, eos_ids=eos,
+                                      block_size=block_size, verify=True), (gamma,)),
+    }
+    out = []
+    with compiling_for(platform):
+        ntp = decoders["ntp"][0]
+        prefill = jax.export.export(type(ntp).prefill, platforms=(platform,))(ntp, params, prompts, lengths,
+                                                                              capacity=capacity)
+        out.append(describe("prefill", platform, prefill))
+        cache, last = jax.eval_shape(lambda p, t, n: type(ntp).prefill(ntp, p, t, n, capacity=capacity),
+                                     params, prompts, lengths)
+        for name, (decoder, knobs) in decoders.items():
+            exported = jax.export.export(type(decoder).decode, platforms=(platform,))(
+                decoder, params, cache, last, rng, *knobs)
+            out.append(describe(f"decode_{name}", platform, exported))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="a training config file (configs/*.py)")
+    parser.add_argument("--platform", choices=PLATFORMS, nargs="+", default=list(PLATFORMS))
+    parser.add_argument("--devices", type=int, default=8, help="simulated devices of the mesh (on a CPU host)")
+    parser.add_argument("--mesh", default=None, help="data,fsdp,tensor sizes (default: the config's mesh)")
+    parser.add_argument("--micro-batch", type=int, default=None, help="rows per step (default: the config's)")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per row (default: the config's)")
+    parser.add_argument("--decode-batch", type=int, default=8)
+    parser.add_argument("--block-size", type=int, default=16, help="the decoders' block size")
+    args = parser.parse_args(argv)
+    # Simulated devices must be asked for before JAX starts its CPU backend.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={args.devices}").strip()
+    import jax
+
+    from sbd_jax import sharding
+    from sbd_jax.config_files import load_config_file
+
+    cfg, architecture = load_config_file(args.config)
+    if args.mesh:
+        cfg.mesh = tuple(int(s) for s in args.mesh.split(","))
+    if args.micro_batch:
+        cfg.train.batch_size, cfg.train.grad_accum = args.micro_batch, 1
+    if args.seq_len:
+        cfg.data.seq_len = args.seq_len
+    config = model_config(cfg, architecture)
+    mesh = sharding.make_mesh(tuple(cfg.mesh), jax.devices()[: args.devices])
+    results = []
+    for platform in args.platform:
+        for lowered in [lower_train_step(cfg, config, mesh, platform),
+                        *lower_decoders(config, platform, args.decode_batch, 64, 64, args.block_size)]:
+            print(json.dumps(lowered.as_dict()), flush=True)
+            results.append(lowered.as_dict())
+    return results
+
+
+if __name__ == "__main__":
+    from sbd_jax.cli import run_cli
+
+    run_cli(main, sys.argv[1:])
