@@ -25,15 +25,19 @@ def test_h200_script_smoke(tmp_path):
     assert [r["k"] for r in forward["rows"]] == [1, 2] and forward["hardware"]["name"] == "cpu-measured"
     assert all(r["seconds"] > 0 and r["compile_seconds"] > 0 and r["roofline_slowdown"] >= 1 for r in forward["rows"])
     assert forward["measured_bandwidth"] > 0
-    e2e = json.load(open(tmp_path / "smoke_e2e.json"))
-    assert [(r["gamma"], r["verify"]) for r in e2e["rows"]] == [(0, False), (1e9, False), (0, True), (1e9, True)]
-    for row in e2e["rows"]:
-        assert e2e["random_weights"] and row["sbd_nfe"] >= 1 and row["ntp_tokens"] == row["sbd_tokens"] == 8
-        assert row["roofline_speedup_for_observed_nfe"] > 0
-        assert row.get("identical_to_ntp", True)  # the verified rows: output equal to NTP's
+    sbd = json.load(open(tmp_path / "smoke_sbd.json"))
+    modes = [(r["mode"], r["block_size"]) for r in sbd["accuracy"]]
+    assert modes == [("ntp", 1), ("sbd", 4), ("sbd", 8), ("sbd", 16), ("verified", 4), ("verified", 8), ("verified", 16)]
+    ntp = sbd["accuracy"][0]
+    for row in sbd["accuracy"]:
+        assert row["n"] == 4 and row["tokens_per_pass"] >= 1
+        if row["mode"] == "verified":  # output equal to NTP's, so the same accuracy
+            assert row["accuracy"] == ntp["accuracy"]
+    assert [(r["batch"], r["mode"]) for r in sbd["speed"]][::7] == [(1, "ntp"), (2, "ntp")] and len(sbd["speed"]) == 14
+    assert all(r["decode_tokens_per_second"] > 0 for r in sbd["speed"])
+    assert sbd["train"]["steps"] == 3 and sbd["train"]["median_step_seconds"] > 0
     log = (tmp_path / "smoke_log.txt").read_text()
-    assert "stage preflight: exit 0" in log and "stage e2e: exit 0" in log
-
+    assert "stage preflight: exit 0" in log and "stage sbd: exit 0" in log
 
 def test_a_run_cut_short_keeps_valid_partial_results(tmp_path):
     proc = smoke(tmp_path, limit=20)
@@ -50,5 +54,5 @@ def test_dry_run_prints_the_plan():
     assert proc.returncode == 0, proc.stderr[-2000:]
     plans = {line.split(" plan:")[0]: json.loads(line.split(" plan:")[1]) for line in proc.stdout.splitlines()
              if " plan:" in line}
-    assert plans["forward_cost"]["compiles"] == 42 and plans["e2e"]["compiles"] == 28
+    assert plans["forward_cost"]["compiles"] == 42 and plans["sbd"]["compiles"] == 57
     assert all(p["estimated_minutes"] > 0 for p in plans.values())
