@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,14 +30,6 @@ from recipes.smollm2_sbd.eval import first_difference  # noqa: E402
 from timing import save_result  # noqa: E402
 
 DTYPES = ("float32", "bfloat16")
-
-
-def commit() -> str:
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return (git("rev-parse", "--short", "HEAD") or "unknown") + (
-        "+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def train_part(steps: int) -> dict:
@@ -168,8 +159,7 @@ def main() -> None:
 
     import jax
 
-    result = {"command": "python benchmarks/bf16.py " + " ".join(sys.argv[1:]), "commit": commit(),
-              "device": str(jax.devices()[0])}
+    result = {"command": "python benchmarks/bf16.py " + " ".join(sys.argv[1:]), "device": str(jax.devices()[0])}
     name = f"bf16_{jax.devices()[0].platform}"
     if "train" in args.parts:
         result["train"] = train_part(args.steps)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # All GPU measurements of the project in one script, for one H200.
 # Run it under a 560 s limit (the device tool's per-command cap is 600 s; leave room to copy back):
-#   run(command="bash benchmarks/h200.sh", carry=[".whl"], timeout_s=560)   # results come back from $OUT
+#   run(command="SBD_COMMIT=<git rev-parse --short HEAD here> bash benchmarks/h200.sh", carry=[".whl"],
+#       timeout_s=560)    # results come back from $OUT, each JSON with that commit (the copy has no .git)
 #   bash benchmarks/h200.sh --smoke                              # tiny shapes, any machine (CPU): tests the script
 #   bash benchmarks/h200.sh --dry-run                            # print the plan (compiles, forwards, minutes)
 # Stages, each under its own timeout so a failure or an overrun costs only itself, most valuable first:

@@ -26,7 +26,11 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def write_json(path: str, data: dict) -> None:
-    """Rewrites `path` whole (a temporary file, then a rename), so a reader never sees half a file."""
+    """Rewrites `path` whole (a temporary file, then a rename), so a reader never sees half a file;
+    adds `provenance` (commit, time, JAX, device) unless `data` has it."""
+    from sbd_jax.provenance import provenance
+
+    data = data if "provenance" in data else {"provenance": provenance(), **data}
     with open(path + ".tmp", "w") as f:
         json.dump(data, f, indent=2)
     os.replace(path + ".tmp", path)

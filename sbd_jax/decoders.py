@@ -22,7 +22,7 @@ from sbd_jax import masks
 from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import KVCache, append, init_cache
-from sbd_jax.model import NewKV, Transformer
+from sbd_jax.model import NewKV, Transformer, output_kernel, vocab_logits
 from sbd_jax.token_choice import PROXIES, choose_tokens, draw, eb_reveal, sampling_logits, uncertainty, without_token
 
 
@@ -225,12 +225,14 @@ class SBDDecoder(Decoder):
 
     # ------------------------------------------------------------------ the two kinds of pass
     def first_pass(self, params: Any, cache: KVCache, pending_BK: jax.Array, pending_count_B: jax.Array,
-                   block_BK: jax.Array) -> tuple[jax.Array, jax.Array, NewKV]:
+                   block_BK: jax.Array, causal_logits: bool) -> tuple[jax.Array | None, jax.Array, NewKV]:
         """The `2k`-token pass: the pending tokens (the first `pending_count` of `pending_BK`) run causally
         after the cache while the new block attends to the cache, to them and bidirectionally to itself.
 
-        Returns the pending tokens' causal logits `[B, k, V]` (position j predicts the token after it),
-        the new block's logits `[B, k, V]`, and the pending tokens' K/V for `kv_cache.append`.
+        Returns the pending tokens' causal logits `[B, k, V]` (position j predicts the token after it;
+        None unless `causal_logits`: plain SBD never reads them, and the vocabulary projection of k
+        positions is a large share of a small model's pass), the new block's logits `[B, k, V]`, and the
+        pending tokens' K/V for `kv_cache.append`.
         """
         k = self.block_size
         j = jnp.arange(k)
@@ -242,10 +244,12 @@ class SBDDecoder(Decoder):
             jnp.concatenate([causal, jnp.zeros_like(causal)], axis=2),  # committed tokens never see the block
             jnp.concatenate([sees_pending, jnp.ones_like(causal)], axis=2),
         ], axis=1)
-        logits, kv = Transformer(self.config).apply(
+        hidden, kv = Transformer(self.config).apply(
             {"params": params}, jnp.concatenate([pending_BK, block_BK], axis=1),
-            jnp.concatenate([pending_pos, block_pos], axis=1), mask=mask, cache=cache)
-        return logits[:, :k], logits[:, k:], NewKV(kv.k[:, :, :k], kv.v[:, :, :k])
+            jnp.concatenate([pending_pos, block_pos], axis=1), mask=mask, cache=cache, compute_logits=False)
+        kernel = output_kernel(params, self.config)
+        pending_logits = vocab_logits(hidden[:, :k], kernel) if causal_logits else None
+        return pending_logits, vocab_logits(hidden[:, k:], kernel), NewKV(kv.k[:, :, :k], kv.v[:, :, :k])
 
     def refine_pass(self, params: Any, cache: KVCache, block_BK: jax.Array) -> jax.Array:
         """A later pass over the partly revealed block; the cache is only read."""
@@ -297,7 +301,7 @@ class SBDDecoder(Decoder):
             offset = s.index * k
             live = ~s.done
             new_block = jnp.full((batch, k), mask_id, jnp.int32)
-            _, logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count, new_block)
+            _, logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count, new_block, False)
             cache = append(s.cache, kv.k, kv.v, s.pending_count)
             budget = jnp.full((batch,), self.max_new_tokens - offset)
             filled = self.fill_block(params, cache, new_block, logits, live, budget, gamma, s.nfe + live,
@@ -357,7 +361,7 @@ class SBDDecoder(Decoder):
             accept_rng, token_rng, draft_rng = jax.random.split(jax.random.fold_in(rng, s.iteration), 3)
             masked_block = jnp.full((batch, k), mask_id, jnp.int32)
             pending_logits, block_logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count,
-                                                               masked_block)
+                                                               masked_block, True)
             nfe = s.nfe + live
             p_logits = dist(pending_logits)  # [B, k, V]: at j, NTP's distribution of the token after j
             drafts = jnp.concatenate([s.pending[:, 1:], jnp.full((batch, 1), mask_id, jnp.int32)], axis=1)

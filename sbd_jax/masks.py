@@ -43,7 +43,7 @@ def same_segment(segment_ids_BT: jax.Array) -> jax.Array:
 
 # --------------------------------------------------------------------------- SBD training layout
 def sbd_allowed(q_idx: Any, kv_idx: Any, seq_len: int, block_size: int) -> Any:
-    """SPEC §2 on the `[clean x_1..x_L | noisy x̂_1..x̂_L]` layout, for (broadcastable) index arrays.
+    """The SBD training mask on the `[clean x_1..x_L | noisy x̂_1..x̂_L]` layout, for (broadcastable) index arrays.
 
     clean->clean causal; noisy->noisy within the same block; noisy->clean only for clean tokens of
     earlier blocks; clean->noisy never. Works on numpy and jax arrays alike.

@@ -170,10 +170,28 @@ class Transformer(nn.Module):
         if not compute_logits:
             return x, NewKV(k_new, v_new)
         if cfg.tie_word_embeddings:
-            logits = embed.attend(x)
-        else:
-            logits = _dense(cfg.vocab_size, False, "lm_head", cfg)(x)
-        return logits.astype(jnp.float32), NewKV(k_new, v_new)
+            return vocab_logits(x, embed.embedding.T), NewKV(k_new, v_new)
+        return LMHead(cfg, name="lm_head")(x), NewKV(k_new, v_new)
+
+
+class LMHead(nn.Module):
+    """The untied output matrix `[hidden, vocab]` (HF's lm_head)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        return vocab_logits(x, self.param("kernel", _init, (cfg.hidden_size, cfg.vocab_size), cfg.weights_dtype))
+
+
+def vocab_logits(hidden: jax.Array, kernel_DV: jax.Array) -> jax.Array:
+    """float32 logits: hidden states times the output matrix in the compute dtype, accumulated in float32.
+
+    The one projection of both the training loss (objective.token_cross_entropy) and decoding. Never
+    rounded to bf16: bf16 logits tie exactly at a few percent of positions, and a tie broken differently
+    by two passes of other shapes (NTP's one token, verification's block) changes a greedy output."""
+    return jnp.einsum("...d,dv->...v", hidden, kernel_DV.astype(hidden.dtype), preferred_element_type=jnp.float32)
 
 
 def output_kernel(params: dict, config: ModelConfig) -> jax.Array:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from sbd_jax import masks
 from sbd_jax.errors import UserError
 from sbd_jax.masks import SBDTrainingMask
-from sbd_jax.model import Transformer, output_kernel
+from sbd_jax.model import Transformer, output_kernel, vocab_logits
 
 
 class Batch(NamedTuple):
@@ -196,7 +196,7 @@ def token_cross_entropy(hidden_BTD: jax.Array, kernel_DV: jax.Array, targets_BT:
     @jax.checkpoint
     def one_chunk(args):
         h, t = args
-        logits = jnp.einsum("bcd,dv->bcv", h, kernel, preferred_element_type=jnp.float32)
+        logits = vocab_logits(h, kernel)
         picked = jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0]
         return jax.nn.logsumexp(logits, axis=-1) - picked
 

@@ -1,4 +1,4 @@
-"""The paper's roofline model of one decoding forward (SPEC §6), with every byte and flop term visible.
+"""The paper's roofline model of one decoding forward, with every byte and flop term visible.
 
     python -m sbd_jax.roofline [--hardware h100-fp8] [--model llama3-8b | CONFIG.json] [--json]
 

@@ -26,7 +26,7 @@ from sbd_jax.masks import SBDTrainingMask, sbd_allowed
 
 
 class SBDSplashMask(splash_mask._ComputableMask):
-    """SPEC §2's `[2L, 2L]` training mask for one block size, as a function of (query, key) indices."""
+    """The `[2L, 2L]` SBD training mask for one block size, as a function of (query, key) indices."""
 
     def __init__(self, seq_len: int, block_size: int):
         self.seq_len, self.block_size = seq_len, block_size

@@ -1,5 +1,5 @@
 """Token choice for decoding: the distribution tokens are drawn from, the draw, uncertainty scores and
-the Entropy-Bounded reveal rule (SPEC §4). Pure functions over the last (vocabulary) axis."""
+the Entropy-Bounded reveal rule. Pure functions over the last (vocabulary) axis."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ PROXIES = ("entropy", "confidence", "margin", "left_to_right")
 
 
 def without_token(logits: jax.Array, token_id: int | None) -> jax.Array:
-    """The logits with `token_id` (the mask token, never a valid output: SPEC §4.4) made impossible."""
+    """The logits with `token_id` (the mask token, never a valid output) made impossible."""
     if token_id is None:
         return logits
     return logits.at[..., token_id].set(-jnp.inf)

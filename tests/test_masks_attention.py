@@ -1,4 +1,4 @@
-"""The SBD training mask (SPEC §2) and the attention implementations that use it."""
+"""The SBD training mask and the attention implementations that use it."""
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +13,7 @@ from sbd_jax.splash import SBDSplashMask, splash_sbd_attention
 
 
 def spec_mask(seq_len, k):
-    """SPEC §2 written out literally, one (q, kv) pair at a time."""
+    """The mask's four rules written out literally, one (q, kv) pair at a time."""
     n = 2 * seq_len
     out = np.zeros((n, n), bool)
     for q in range(n):

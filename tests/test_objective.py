@@ -1,4 +1,4 @@
-"""The joint NTP + MATP loss against a per-token reference written from SPEC §2-3."""
+"""The joint NTP + MATP loss against a per-token reference written from the method's definition."""
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ def make_batch():
 
 
 def reference_layout(batch, k):
-    """SPEC §2 document ends, by loops: after a document's last token (the next position holds another
+    """Document ends, by loops: after a document's last token (the next position holds another
     segment), the rest of that block joins it in the noisy half, EOS as target, positions continued."""
     tokens, seg, pos, loss_mask = (np.array(x) for x in batch)
     length = seg.shape[1]
@@ -48,7 +48,7 @@ def reference_layout(batch, k):
 
 
 def reference_loss(params, batch, masked):
-    """Per-token loops: the clean|noisy input, the SPEC mask with segments, CE term by term."""
+    """Per-token loops: the clean|noisy input, the training mask with segments, CE term by term."""
     tokens, seg, pos, loss_mask = (np.asarray(x) for x in batch)
     noisy_tokens, noisy_seg, noisy_pos, noisy_loss = reference_layout(batch, K)
     ntp_terms, matp_terms = [], []

@@ -139,7 +139,8 @@ def test_pass_logits_equal_uncached_forward(params):
         block = np.full((2, k), MASK, np.int32)
         block[:, 1] = seq[:, 0]  # a partly revealed block
         pending_logits, logits, kv = decoder.first_pass(params, cache, jnp.asarray(pending),
-                                                        jnp.full((2,), pending_count, jnp.int32), jnp.asarray(block))
+                                                        jnp.full((2,), pending_count, jnp.int32), jnp.asarray(block),
+                                                        causal_logits=True)
         cache_after = append(cache, kv.k, kv.v, pending_count)
         context = np.concatenate([seq[:, :prefix + pending_count], block], axis=1)
         n = context.shape[1]

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
 
@@ -130,15 +129,6 @@ def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype
     return out
 
 
-def commit() -> str:
-    """The commit the results were measured at (`+dirty` with uncommitted changes to tracked files)."""
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)
@@ -159,6 +149,7 @@ def main(argv: list[str]) -> None:
 
     from recipes.smollm2_sbd import eval as evaluation
     from recipes.smollm2_sbd.report import write_report
+    from sbd_jax.provenance import commit
 
     preset = "smoke" if args.smoke else "cpu" if args.cpu else "gpu"
     sizes = dict(SMOKE if args.smoke else CPU if args.cpu else GPU)

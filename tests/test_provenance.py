@@ -1,0 +1,29 @@
+"""Every result file says which commit it was measured at, when, and on what."""
+
+import json
+import os
+import subprocess
+import sys
+
+from sbd_jax import provenance
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_benchmark_results_carry_their_commit(tmp_path):
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from timing import write_json
+
+    write_json(str(tmp_path / "result.json"), {"x": 1})
+    data = json.load(open(tmp_path / "result.json"))
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert data["x"] == 1 and data["provenance"]["commit"].split("+")[0] == (head or "unknown")
+    assert data["provenance"]["measured_at"].startswith("20") and data["provenance"]["device"]
+
+
+def test_a_copy_without_git_takes_the_commit_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setattr(provenance, "ROOT", str(tmp_path))
+    monkeypatch.setenv("SBD_COMMIT", "abc1234")
+    assert provenance.commit() == "abc1234"
+    monkeypatch.delenv("SBD_COMMIT")
+    assert provenance.commit() == "unknown"
