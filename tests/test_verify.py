@@ -115,13 +115,14 @@ def reference_verified(cfg, params, prompt, max_new, k, eos=()):
         pending = block
 
 
-def trained_arithmetic_model():
-    """The small-scale study's shipped SBD model, whose drafts are mostly right."""
+@functools.lru_cache(maxsize=None)
+def trained_arithmetic_model(questions=("c5b7a2+b8a6", "a9+a9", "e1d2c3b4a5+d9c9b9a9", "b4a0+c1b1a1")):
+    """The small-scale study's shipped SBD model, whose drafts are mostly right, and chat prompts."""
     from sbd_jax.checkpoints.load import load_model
     from experiments.small_scale.evaluate import chat_prompt
 
     loaded = load_model("experiments/small_scale/models/sbd_arith")
-    prompts = [chat_prompt(loaded.tokenizer, q) for q in ("c5b7a2+b8a6", "a9+a9", "e1d2c3b4a5+d9c9b9a9", "b4a0+c1b1a1")]
+    prompts = [chat_prompt(loaded.tokenizer, q) for q in questions]
     return loaded.config, jax.device_put(loaded.params), prompts
 
 
@@ -163,3 +164,23 @@ def test_verified_smollm2_with_an_untrained_mask_token_equals_ntp():
     for ours, reference in zip(results, expected):
         assert ours.token_ids == reference.token_ids
     assert sum(r.drafted - r.accepted for r in results) > 0  # rejections happened
+
+
+@pytest.mark.parametrize("k", [2, 5, 16])
+def test_verified_output_equals_ntp_where_drafts_are_accepted(k):
+    """The trained model accepts most drafts, so this matrix runs the acceptance paths: limits at and
+    around the block size, rows batched together or alone, EOS wherever the answers end."""
+    from experiments.small_scale.arithmetic import problems
+
+    cfg, params, prompts = trained_arithmetic_model(tuple(p.question for p in problems(6, 5, seed=7)))
+    eos = cfg.eos_token_ids
+    for max_new in sorted({1, max(k - 1, 1), k, k + 1, 72}):
+        reference, _ = generate(NTPDecoder(cfg, max_new_tokens=max_new, eos_ids=eos), params, prompts)
+        decoder = SBDDecoder(cfg, max_new_tokens=max_new, block_size=k, verify=True, eos_ids=eos)
+        results, _ = generate(decoder, params, prompts)
+        if max_new == 72:  # whole answers (EOS inside a block), and a row alone as well as batched
+            results.append(generate(decoder, params, prompts[:1])[0][0])
+            assert sum(r.accepted for r in results) > 0.5 * sum(r.drafted for r in results) > 0
+        for ours, expected in zip(results, reference + reference[:1]):
+            assert ours.token_ids == expected.token_ids
+            assert 1 <= ours.nfe <= len(ours.token_ids) and ours.accepted <= ours.drafted
