@@ -39,7 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--verify", action="store_true",
                    help="SBD: verify every drafted block with the causal pass that commits it, so the output "
                    "is exactly greedy NTP's (with --temperature: drawn exactly from NTP's distribution); "
-                   "drafts come from one pass, so it never takes more forwards than NTP")
+                   "drafts come from one pass, so it never takes more forwards than NTP. Exact in float32; with "
+                   "--dtype bfloat16, near-tied tokens can differ as they do between NTP batch sizes")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")

@@ -194,6 +194,8 @@ class SBDDecoder(Decoder):
     the cache keeps exactly the accepted tokens. Drafts always come from one pass, so every forward
     verifies and `nfe <= new tokens`; γ (and the proxy) then play no part. See `_decode_verified`.
     A block's first token is never drafted: the causal logit of the token before it gives it exactly.
+    Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
+    shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
     """
 
     block_size: int = 16
