@@ -17,6 +17,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from timing import write_json  # noqa: E402
 
 
 def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: int | None = None) -> dict:
@@ -64,8 +67,7 @@ def main() -> None:
                                 args.micro_batch, args.seq_len)
         print(json.dumps(report), flush=True)
         out = os.path.join(ROOT, "benchmarks", "results", f"compile_8b_{os.path.basename(path)[:-3]}.json")
-        with open(out, "w") as f:
-            json.dump(report, f, indent=2)
+        write_json(out, report)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from timing import write_json  # noqa: E402
+
+
 BASE = dict(batch=8, seq_len=128, remat="none", scan_layers=False, objective="sbd")
 LEVERS = {
     "baseline": {},
@@ -111,8 +114,7 @@ def main() -> None:
         print(f"{name:>26}: {row['step_s']:6.2f} s/step, {row['tokens_per_s']:5.0f} tokens/s, "
               f"{row['speedup_vs_baseline']:.2f}x baseline per token, {row['fraction_of_peak']:.0%} of peak "
               f"(XLA FLOPs / 6N·tokens·layout {row['xla_flops'] / row['six_n_tokens_flops']:.2f})")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(out, result)
     print(f"peak {peak / 1e9:.0f} GFLOP/s; SBD/NTP step {result['sbd_over_ntp_time']:.2f}x; wrote {out}")
 
 

@@ -17,6 +17,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from timing import write_json  # noqa: E402
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
@@ -113,8 +116,7 @@ def main() -> None:
               "jax": jax.__version__, "rows": rows}
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"decode_{device.platform}.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report, f, indent=2)
+    write_json(out, report)
     print(f"wrote {out}")
 
 

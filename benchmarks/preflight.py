@@ -19,6 +19,10 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from timing import write_json  # noqa: E402
+
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "tokenizers", "safetensors",
             "grain", "ml-collections", "gguf", "numpy", "torch")
 
@@ -73,8 +77,7 @@ def main() -> None:
     report = {"python": platform.python_version(), "versions": versions(),
               "devices": [f"{d.platform}:{d.device_kind}" for d in jax.devices()], "gpu": gpu_clocks()}
     report["tiny_layer"] = tiny_layer()
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    write_json(args.out, report)
     print(json.dumps(report))
 
 

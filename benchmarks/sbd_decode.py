@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from timing import median_seconds  # noqa: E402
+from timing import median_seconds, write_json  # noqa: E402
 
 
 def main() -> None:
@@ -90,8 +90,7 @@ def main() -> None:
     report = {"model": args.model, "dtype": args.dtype, "platform": device.platform,
               "device": device.device_kind, "cpu_count": os.cpu_count(), "jax": jax.__version__, "rows": rows}
     out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"sbd_decode_{device.platform}.json")
-    with open(out, "w") as f:
-        json.dump(report, f, indent=2)
+    write_json(out, report)
     print(f"wrote {out}")
 
 

@@ -17,7 +17,6 @@ Writes benchmarks/results/verify_<platform>.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from decode import PROMPTS as SMOLLM2_PROMPTS  # noqa: E402
+from timing import write_json  # noqa: E402
 
 
 def run(model, prompts, setting, max_new_tokens, batch, longest):
@@ -174,8 +174,7 @@ def main() -> None:
     if not args.skip_smollm2:
         result["smollm2"] = smollm2_part(args)
     out = args.out or os.path.join(ROOT, "benchmarks", "results", f"verify_{jax.devices()[0].platform}.json")
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(out, result)
     print(f"wrote {out}")
 
 
