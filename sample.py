@@ -42,7 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "drafts come from one pass, so it never takes more forwards than NTP. Exact in float32; with "
                    "--dtype bfloat16, near-tied tokens can differ as they do between NTP batch sizes")
     p.add_argument("--mask-token-id", type=int, default=None,
-                   help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id")
+                   help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id; "
+                   "every mode then never emits it (so --mode ntp and --verify compare exactly)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
