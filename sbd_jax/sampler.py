@@ -47,24 +47,30 @@ class BatchTiming(NamedTuple):
         return self.prefill_seconds + self.decode_seconds
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], new_slots: int, max_cache_len: int | None,
-                config: ModelConfig, new_label: str = "max_new_tokens",
+def pad_prompts(prompts: Sequence[Sequence[int]], new_tokens: int, new_slots: int, max_cache_len: int | None,
+                config: ModelConfig, slots_label: str = "max_new_tokens",
                 pad_to: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
     """Right-pads prompts to a bucket (at least `pad_to` long, so batches can share one compiled
-    shape); returns (tokens [B, T], lengths [B], cache capacity)."""
+    shape); returns (tokens [B, T], lengths [B], cache capacity).
+
+    The cache gets `new_slots` slots past the prompt (SBD: whole blocks, `slots_label` says which). The
+    model's context bounds only the `new_tokens` positions that can be emitted: block positions past them
+    are decoded and dropped (verified mode never emits a draft past them), so a last block may reach past
+    the context where NTP's last token reaches up to it."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise UserError("every prompt needs at least one token")
     if max(max(p) for p in prompts) >= config.vocab_size or min(min(p) for p in prompts) < 0:
         raise UserError(f"a prompt token id is outside the vocabulary [0, {config.vocab_size})")
     lengths = np.array([len(p) for p in prompts], np.int32)
     longest = int(lengths.max())
-    needed = longest + new_slots
-    limit = config.max_position_embeddings if max_cache_len is None else max_cache_len
-    if needed > limit:
-        what = "the model's context" if max_cache_len is None else "the cache size"
-        raise UserError(f"prompt ({longest} tokens) + {new_label} ({new_slots}) = {needed} exceeds {what} "
+    if max_cache_len is None:
+        limit, new, label, what = config.max_position_embeddings, new_tokens, "max_new_tokens", "the model's context"
+    else:
+        limit, new, label, what = max_cache_len, new_slots, slots_label, "the cache size"
+    if longest + new > limit:
+        raise UserError(f"prompt ({longest} tokens) + {label} ({new}) = {longest + new} exceeds {what} "
                         f"({limit}); shorten the prompt or lower --max-new-tokens")
-    padded_len = min(-(-max(longest, pad_to) // PROMPT_BUCKET) * PROMPT_BUCKET, limit - new_slots)
+    padded_len = min(-(-max(longest, pad_to) // PROMPT_BUCKET) * PROMPT_BUCKET, limit - new)
     tokens = np.zeros((len(prompts), padded_len), np.int32)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = prompt
@@ -93,8 +99,8 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     if gamma < 0:
         raise UserError(f"gamma={gamma} must be >= 0 (0 reveals one token per pass)")
     knobs = (jnp.float32(gamma),) if isinstance(decoder, SBDDecoder) else ()
-    tokens, lengths, capacity = pad_prompts(prompts, decoder.output_len, max_cache_len, decoder.config,
-                                            decoder.output_label, pad_to)
+    tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, max_cache_len,
+                                            decoder.config, decoder.output_label, pad_to)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
     start = time.perf_counter()
     prefill = _compiled(type(decoder).prefill, ("prefill", decoder, tokens.shape, capacity), decoder,

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sbd_jax.decoders import NTPDecoder, SBDDecoder
+from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
 from tests.conftest import requires_smollm2
@@ -184,3 +185,17 @@ def test_verified_output_equals_ntp_where_drafts_are_accepted(k):
         for ours, expected in zip(results, reference + reference[:1]):
             assert ours.token_ids == expected.token_ids
             assert 1 <= ours.nfe <= len(ours.token_ids) and ours.accepted <= ours.drafted
+
+
+def test_verified_and_plain_sbd_run_wherever_ntp_fits_the_context():
+    """prompt + max_new_tokens filling the context exactly: NTP runs, and so do the block decoders (their
+    last block's extra positions are decoded and dropped, never emitted); verified = NTP."""
+    cfg, params = model("llama")
+    cfg = cfg.replace(max_position_embeddings=9 + 23)  # the longest prompt has 9 tokens
+    reference, _ = generate(NTPDecoder(cfg, max_new_tokens=23), params, PROMPTS)
+    verified, _ = generate(SBDDecoder(cfg, max_new_tokens=23, block_size=16, verify=True), params, PROMPTS)
+    plain, _ = generate(SBDDecoder(cfg, max_new_tokens=23, block_size=16), params, PROMPTS, gamma=1.0)
+    assert [r.token_ids for r in verified] == [r.token_ids for r in reference]
+    assert all(len(r.token_ids) == 23 for r in reference + plain)
+    with pytest.raises(UserError, match="exceeds the model's context"):
+        generate(NTPDecoder(cfg, max_new_tokens=24), params, PROMPTS)
