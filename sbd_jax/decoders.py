@@ -303,7 +303,8 @@ class SBDDecoder(Decoder):
             offset = s.index * k
             live = ~s.done
             new_block = jnp.full((batch, k), mask_id, jnp.int32)
-            _, logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count, new_block, False)
+            _, logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count, new_block,
+                                            causal_logits=False)
             cache = append(s.cache, kv.k, kv.v, s.pending_count)
             budget = jnp.full((batch,), self.max_new_tokens - offset)
             filled = self.fill_block(params, cache, new_block, logits, live, budget, gamma, s.nfe + live,
@@ -363,7 +364,7 @@ class SBDDecoder(Decoder):
             accept_rng, token_rng, draft_rng = jax.random.split(jax.random.fold_in(rng, s.iteration), 3)
             masked_block = jnp.full((batch, k), mask_id, jnp.int32)
             pending_logits, block_logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count,
-                                                               masked_block, True)
+                                                               masked_block, causal_logits=True)
             nfe = s.nfe + live
             p_logits = dist(pending_logits)  # [B, k, V]: at j, NTP's distribution of the token after j
             drafts = jnp.concatenate([s.pending[:, 1:], jnp.full((batch, 1), mask_id, jnp.int32)], axis=1)
