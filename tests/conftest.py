@@ -44,7 +44,7 @@ requires_smollm2 = pytest.mark.skipif(
 
 
 # The slow group: multi-process runs, package installs and whole-pipeline smoke runs. `python -m pytest`
-# deselects them (and says how many); `python -m pytest -m slow` runs them; CI runs both (.ci/run).
+# deselects them (and says how many); `python -m pytest -m slow` runs them (CI runs the default group only: .ci/run).
 SLOW = (
     "test_multiprocess.py::",  # two training processes, killed and resumed
     "test_dependency_floor.py::",  # installs the lowest admitted transformers
