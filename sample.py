@@ -79,47 +79,23 @@ def main(argv: list[str]) -> None:
     texts = args.prompt + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
     if not texts:
         raise UserError("give at least one --prompt or a --prompts-file")
-    from sbd_jax.decoders import check_decoding_options, check_sbd_options
+    from sbd_jax.api import Settings, load
 
-    check_decoding_options(args.max_new_tokens, args.temperature, args.top_p)  # before the slow model load
-    if args.verify and args.mode != "sbd":
-        raise UserError("--verify checks SBD's drafts: use it with --mode sbd")
-    if args.verify and args.gamma is not None:
-        raise UserError("--gamma has no effect with --verify (drafts come from one pass and verification decides "
-                        "what is kept): drop --gamma, or drop --verify for Entropy-Bounded decoding")
-    args.gamma = 0.35 if args.gamma is None else args.gamma
-    if args.mode == "sbd":
-        check_sbd_options(args.block_size, args.gamma, args.proxy)
-    import jax
-
-    from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.decoders import NTPDecoder, SBDDecoder
-    from sbd_jax.sampler import generate
-    from sbd_jax.tokenizer import encode_prompt
-
-    model = load_model(args.model, dtype=args.dtype)
-    config = model.config
-    if args.mask_token_id is not None:
-        config = config.replace(mask_token_id=args.mask_token_id)
-    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                  eos_ids=config.eos_token_ids)
-    if args.mode == "sbd":
-        decoder = SBDDecoder(config, block_size=args.block_size, proxy=args.proxy, verify=args.verify, **common)
-    else:
-        decoder = NTPDecoder(config, **common)
-    prompts = [encode_prompt(model.tokenizer, text, args.chat) for text in texts]
-    results, timing = generate(decoder, jax.device_put(model.params), prompts, seed=args.seed,
-                               max_cache_len=args.max_cache_len, gamma=args.gamma)
+    settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
+                        gamma=args.gamma, proxy=args.proxy, verify=args.verify, temperature=args.temperature,
+                        top_p=args.top_p)  # checked before the slow model load
+    model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id)
+    results = model.generate(texts, settings, chat=args.chat, seed=args.seed, max_cache_len=args.max_cache_len)
+    timing = model.last_timing
     for text, result in zip(texts, results):
-        generated = model.tokenizer.decode(result.token_ids, skip_special_tokens=True)
         n = len(result.token_ids)
         if args.json:
             print(json.dumps({
-                "prompt": text, "text": generated, "token_ids": result.token_ids, "new_tokens": n,
-                "nfe": result.nfe, "tokens_per_pass": n / max(result.nfe, 1), "seconds": timing.seconds,
+                "prompt": text, "text": result.text, "token_ids": result.token_ids, "new_tokens": n,
+                "nfe": result.nfe, "tokens_per_pass": result.tokens_per_pass, "seconds": timing.seconds,
                 "prefill_seconds": timing.prefill_seconds, "decode_seconds": timing.decode_seconds,
-                "compile_seconds": timing.compile_seconds, "batch": len(prompts), "mode": args.mode,
-                **({"gamma": args.gamma, "block_size": args.block_size, "reveal_pass": result.reveal_pass,
+                "compile_seconds": timing.compile_seconds, "batch": len(texts), "mode": args.mode,
+                **({"gamma": settings.entropy_budget, "block_size": args.block_size, "reveal_pass": result.reveal_pass,
                     "verify": args.verify} if args.mode == "sbd" else {}),
                 **({"accepted_fraction": result.accepted_fraction, "drafted": result.drafted,
                     "accepted": result.accepted, "corrected": result.corrected} if args.verify else {}),
@@ -127,10 +103,10 @@ def main(argv: list[str]) -> None:
         elif args.show_passes:
             print(coloured(model.tokenizer, result.token_ids, result.reveal_pass, result.corrected))
         else:
-            print(generated)
+            print(result.text)
         if not args.json and len(texts) == 1:
             accepted = f", {result.accepted_fraction:.0%} of drafts accepted" if args.verify else ""
-            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({n / max(result.nfe, 1):.2f} tokens/pass"
+            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({result.tokens_per_pass:.2f} tokens/pass"
                   f"{accepted}); "
                   f"prefill {timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "
                   f"compile {timing.compile_seconds:.1f}s]")

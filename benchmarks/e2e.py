@@ -38,9 +38,10 @@ def plan(batches, gammas, verify: bool, repeats: int, compile_seconds: float) ->
 
 
 def best_run(decoder, params, prompts, repeats, gamma=0.35):
-    from sbd_jax.sampler import generate
+    from sbd_jax.sampler import Executables, generate
 
-    runs = [generate(decoder, params, prompts, gamma=gamma) for _ in range(repeats)]
+    executables = Executables()
+    runs = [generate(decoder, params, prompts, gamma=gamma, executables=executables) for _ in range(repeats)]
     return min(runs, key=lambda r: r[1].seconds)
 
 
@@ -71,7 +72,9 @@ def main() -> None:
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.model import init_params
     from sbd_jax.roofline import MODELS, ModelShape, speedup
-    from sbd_jax.decoders import NTPDecoder, SBDDecoder
+    from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.sbd_decoder import SBDDecoder
+    from sbd_jax.verified_decoder import VerifiedSBDDecoder
     from sbd_jax.tokenizer import encode_prompt
 
     if args.random:
@@ -103,7 +106,7 @@ def main() -> None:
         ntp_rate = ntp_tokens / ntp_time.seconds
         for verify in (False, True) if args.verify else (False,):
             for gamma in args.gammas:
-                decoder = SBDDecoder(config, block_size=args.block_size, verify=verify, **common)
+                decoder = (VerifiedSBDDecoder if verify else SBDDecoder)(config, block_size=args.block_size, **common)
                 results, timing = best_run(decoder, params, prompts, args.repeats, gamma)
                 tokens = sum(len(r.token_ids) for r in results)
                 nfe = sum(r.nfe for r in results)

@@ -38,7 +38,7 @@ def main() -> None:
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.kv_cache import append, init_cache
     from sbd_jax.model import Transformer
-    from sbd_jax.decoders import SBDDecoder
+    from sbd_jax.sbd_decoder import SBDDecoder
     from sbd_jax.token_choice import choose_tokens, eb_reveal, uncertainty
 
     model = load_model(args.model, with_tokenizer=False, dtype=args.dtype)

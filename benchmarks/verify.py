@@ -31,17 +31,20 @@ from timing import write_json  # noqa: E402
 
 def run(model, prompts, setting, max_new_tokens, batch, longest):
     """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded."""
-    from sbd_jax.decoders import NTPDecoder, SBDDecoder
-    from sbd_jax.sampler import generate
+    from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.sampler import Executables, generate
+    from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
     common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
     if setting["mode"] == "ntp":
         decoder = NTPDecoder(model.config, **common)
     else:
-        decoder = SBDDecoder(model.config, block_size=setting["block_size"], verify=True, **common)
+        decoder = VerifiedSBDDecoder(model.config, block_size=setting["block_size"], **common)
     generations, prefill, decode = [], 0.0, 0.0
+    executables = Executables()
     for start in range(0, len(prompts), batch):
-        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest)
+        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest,
+                                   executables=executables)
         generations += results
         prefill += timing.prefill_seconds
         decode += timing.decode_seconds

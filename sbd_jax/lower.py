@@ -130,35 +130,37 @@ def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_
     import jax.numpy as jnp
 
     from sbd_jax.attention import compiling_for
-    from sbd_jax.decoders import NTPDecoder, SBDDecoder
+    from sbd_jax.decoders import Knobs, NTPDecoder
     from sbd_jax.model import init_params
+    from sbd_jax.sbd_decoder import SBDDecoder
+    from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
     params = jax.eval_shape(lambda: init_params(config))
     capacity = prompt_len + max_new_tokens + block_size
     prompts = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    gamma = jax.ShapeDtypeStruct((), jnp.float32)
+    knobs = Knobs(gamma=jax.ShapeDtypeStruct((), jnp.float32))
     eos = tuple(config.eos_token_ids) or (0,)
+    sampled = dict(temperature=0.8, top_p=0.95)
     decoders = {
-        "ntp": (NTPDecoder(config, max_new_tokens, eos_ids=eos), ()),
-        "ntp_sampled": (NTPDecoder(config, max_new_tokens, temperature=0.8, top_p=0.95, eos_ids=eos), ()),
-        "sbd": (SBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size), (gamma,)),
-        "verify": (SBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size, verify=True), (gamma,)),
-        "verify_sampled": (SBDDecoder(config, max_new_tokens, temperature=0.8, top_p=0.95, eos_ids=eos,
-                                      block_size=block_size, verify=True), (gamma,)),
+        "ntp": NTPDecoder(config, max_new_tokens, eos_ids=eos),
+        "ntp_sampled": NTPDecoder(config, max_new_tokens, eos_ids=eos, **sampled),
+        "sbd": SBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size),
+        "verify": VerifiedSBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size),
+        "verify_sampled": VerifiedSBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size, **sampled),
     }
     out = []
     with compiling_for(platform):
-        ntp = decoders["ntp"][0]
+        ntp = decoders["ntp"]
         prefill = jax.export.export(type(ntp).prefill, platforms=(platform,))(ntp, params, prompts, lengths,
                                                                               capacity=capacity)
         out.append(describe("prefill", platform, prefill))
         cache, last = jax.eval_shape(lambda p, t, n: type(ntp).prefill(ntp, p, t, n, capacity=capacity),
                                      params, prompts, lengths)
-        for name, (decoder, knobs) in decoders.items():
+        for name, decoder in decoders.items():
             exported = jax.export.export(type(decoder).decode, platforms=(platform,))(
-                decoder, params, cache, last, rng, *knobs)
+                decoder, params, cache, last, rng, knobs)
             out.append(describe(f"decode_{name}", platform, exported))
     return out
 

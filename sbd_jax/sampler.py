@@ -3,6 +3,7 @@ return per-row generations with their pass counts and timings (compile, prefill,
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from typing import Any, NamedTuple, Sequence
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sbd_jax.config import ModelConfig
-from sbd_jax.decoders import Decoder, SBDDecoder
+from sbd_jax.decoders import DEFAULT_GAMMA, Decoder, Knobs
 from sbd_jax.errors import UserError
 
 PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this, so few shapes compile
@@ -77,48 +78,65 @@ def pad_prompts(prompts: Sequence[Sequence[int]], new_tokens: int, new_slots: in
     return tokens, lengths, padded_len + new_slots
 
 
-# Ahead-of-time compiled functions by (kind, decoder, prompt shape, capacity): compile time is
-# measured apart from run time, and a repeated shape is not compiled again.
-_COMPILED: dict[tuple, Any] = {}
+class Executables:
+    """Ahead-of-time compiled prefill and decode functions by (kind, decoder, prompt shape, capacity), the
+    `capacity` most recently used kept: compile time is measured apart from run time, and a repeated
+    shape is not compiled again. Hold one across calls that reuse shapes (a loop over batches)."""
 
+    def __init__(self, capacity: int = 16):
+        if capacity < 1:
+            raise UserError(f"Executables capacity={capacity} must be >= 1")
+        self.capacity = capacity
+        self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
 
-def _compiled(fn: Any, key: tuple, *args: Any, **static: Any) -> Any:
-    if key not in _COMPILED:
-        _COMPILED[key] = fn.lower(*args, **static).compile()
-    return _COMPILED[key]
+    def get(self, fn: Any, key: tuple, *args: Any, **static: Any) -> Any:
+        """The compiled `fn` for `key`, compiling it (for `args` and `static`) on first use."""
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+        else:
+            self._compiled[key] = fn.lower(*args, **static).compile()
+            if len(self._compiled) > self.capacity:
+                self._compiled.popitem(last=False)
+        return self._compiled[key]
+
+    def __len__(self) -> int:
+        return len(self._compiled)
 
 
 def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], seed: int = 0,
-             max_cache_len: int | None = None, pad_to: int = 0,
-             gamma: float = 0.35) -> tuple[list[Generation], BatchTiming]:
+             max_cache_len: int | None = None, pad_to: int = 0, gamma: float = DEFAULT_GAMMA,
+             executables: Executables | None = None) -> tuple[list[Generation], BatchTiming]:
     """Decodes a batch of token-id prompts; compile, prefill and decode times are measured apart.
 
     Prompts are padded to a multiple of 64 tokens, at least `pad_to`: give the longest prompt of a
-    dataset to decode it in batches that all reuse one compiled shape. `gamma` is SBD's entropy
-    budget per pass (traced: a new value never recompiles); NTP has none."""
-    if gamma < 0:
-        raise UserError(f"gamma={gamma} must be >= 0 (0 reveals one token per pass)")
-    knobs = (jnp.float32(gamma),) if isinstance(decoder, SBDDecoder) else ()
+    dataset to decode it in batches that all reuse one compiled shape (and pass one `executables` to
+    every call, or each call compiles afresh). `gamma` is SBD's entropy budget per pass (traced: a new
+    value never recompiles); the other decoders ignore it."""
+    knobs = Knobs.create(gamma)
+    executables = executables or Executables(capacity=2)
     tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, max_cache_len,
                                             decoder.config, decoder.output_label, pad_to)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
     start = time.perf_counter()
-    prefill = _compiled(type(decoder).prefill, ("prefill", decoder, tokens.shape, capacity), decoder,
-                        *prefill_args, capacity=capacity)
+    prefill = executables.get(type(decoder).prefill, ("prefill", decoder, tokens.shape, capacity), decoder,
+                              *prefill_args, capacity=capacity)
     cache_shape, last_shape = jax.eval_shape(
         functools.partial(type(decoder).prefill, decoder, capacity=capacity), *prefill_args)
-    decode_args = (params, cache_shape, last_shape, jax.random.key(seed), *knobs)
-    decode = _compiled(type(decoder).decode, ("decode", decoder, tokens.shape, capacity), decoder, *decode_args)
+    decode = executables.get(type(decoder).decode, ("decode", decoder, tokens.shape, capacity), decoder,
+                             params, cache_shape, last_shape, jax.random.key(seed), knobs)
     compile_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
     cache, last = jax.block_until_ready(prefill(*prefill_args))
     prefill_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(decode(params, cache, last, jax.random.key(seed), *knobs))
+    out = jax.block_until_ready(decode(params, cache, last, jax.random.key(seed), knobs))
     decode_seconds = time.perf_counter() - start
-    ids, counts, nfe, passes, corrected, drafted, accepted = (np.asarray(x) for x in out)
-    results = [Generation(ids[b, : counts[b]].tolist(), int(nfe[b]), passes[b, : counts[b]].tolist(),
-                          corrected[b, : counts[b]].tolist(), int(drafted[b]), int(accepted[b]))
-               for b in range(len(prompts))]
+    out = jax.tree.map(np.asarray, out)
+    results = []
+    for b in range(len(prompts)):
+        n = int(out.num_tokens[b])
+        results.append(Generation(token_ids=out.tokens[b, :n].tolist(), nfe=int(out.nfe[b]),
+                                  reveal_pass=out.reveal_pass[b, :n].tolist(), corrected=out.corrected[b, :n].tolist(),
+                                  drafted=int(out.drafted[b]), accepted=int(out.accepted[b])))
     return results, BatchTiming(compile_seconds, prefill_seconds, decode_seconds)

@@ -35,6 +35,7 @@ from sbd_jax.mask_token import setup_mask_token
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.objective import Batch, check_objective, ntp_loss, sbd_loss
 from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
+from sbd_jax.stop_request import StopRequest
 from sbd_jax.tokenizer import load_tokenizer
 
 
@@ -300,7 +301,8 @@ class Trainer:
         logged = []
         progress = _Progress(start, total)
         window = _Window(tokens_per_step, self._flops_per_step(), device_peak_flops(jax.devices()[0], self.config.dtype))
-        with open(metrics_path, "a") as log, _finishing_saves(manager):
+        stopped_at = None
+        with open(metrics_path, "a") as log, _finishing_saves(manager), StopRequest() as stop:
             for step in range(start, total):
                 k = block_size_for_step(self.cfg, step)
                 batch = self.global_batch(self._checked(next(self.iterator), step + 1))
@@ -310,7 +312,10 @@ class Trainer:
                 self.state, metrics = compiled(self.state, batch, rng, block_size)
                 window.add(step + 1, k, metrics, compile_seconds)  # stays on device: dispatch runs ahead
                 checkpoint = (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == total
-                if not (checkpoint or (step + 1) % self.cfg.train.log_every == 0):
+                sync_point = checkpoint or (step + 1) % self.cfg.train.log_every == 0
+                if stop.agreed(sync_point):  # SIGTERM: save this step and stop
+                    checkpoint, sync_point, stopped_at = True, True, step + 1
+                if not sync_point:
                     continue
                 rows = window.fetch()  # the one host sync; a non-finite step stops here, before any save
                 logged += rows
@@ -325,7 +330,12 @@ class Trainer:
                 if checkpoint:
                     manager.save(step + 1, force=True, args=ocp.args.Composite(
                         state=ocp.args.StandardSave(self.state), data=grain.checkpoint.CheckpointSave(streaming.Snapshot(self.iterator.get_state()))))
+                if stopped_at is not None:
+                    break
         progress.close()
+        if stopped_at is not None:
+            raise UserError(f"stopped by SIGTERM after step {stopped_at} of {total}: its checkpoint is saved in "
+                            f"{self.workdir}; run the same command again to continue")
         if self.cfg.export_hf:
             self.export(os.path.join(self.workdir, "hf"))
         return logged

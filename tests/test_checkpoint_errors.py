@@ -51,6 +51,17 @@ def test_pickle_weights_are_refused(tiny_hf_dir):
         load_model(path, with_tokenizer=False)
 
 
+@pytest.mark.parametrize("keep", ["header", "half"])
+def test_truncated_safetensors_file_is_named(tiny_hf_dir, keep):
+    """Cut inside the header (the metadata is incomplete) or inside the tensor data."""
+    path, _ = tiny_hf_dir("llama")
+    file = os.path.join(path, "model.safetensors")
+    data = open(file, "rb").read()
+    open(file, "wb").write(data[:20] if keep == "header" else data[: len(data) // 2])
+    with pytest.raises(UserError, match=f"{file}.*truncated or corrupt: download or convert it again"):
+        load_model(path, with_tokenizer=False)
+
+
 def test_missing_tensor(tiny_hf_dir):
     path, _ = tiny_hf_dir("llama")
     file = os.path.join(path, "model.safetensors")

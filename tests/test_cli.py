@@ -70,11 +70,12 @@ def test_sample_json_on_smollm2_and_too_long_prompt():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--gamma", "-1"], "gamma=-1.0 must be >= 0"),
+    (["--gamma", "-1"], "gamma=-1.0 must be a number >= 0"),
+    (["--gamma", "nan"], "gamma=nan must be a number >= 0"),
     (["--block-size", "0"], "block_size=0 must be >= 1"),
     (["--proxy", "vibes"], "unknown proxy 'vibes'"),
     (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
-    (["--verify", "--gamma", "0.5"], "--gamma has no effect with --verify"),
+    (["--verify", "--gamma", "0.5"], "gamma (--gamma) has no effect with verify (--verify)"),
 ])
 def test_sample_bad_sbd_options(flags, message):
     assert_one_line_error(run("sample.py", "--prompt", "hi", "--mode", "sbd", *flags), message)
@@ -103,7 +104,7 @@ def test_sample_sbd_on_smollm2(tmp_path):
 
 
 def test_verify_needs_sbd_mode():
-    assert_one_line_error(run("sample.py", "--prompt", "hi", "--verify"), "--verify checks SBD's drafts",
+    assert_one_line_error(run("sample.py", "--prompt", "hi", "--verify"), "verify (--verify) checks SBD's drafts",
                           "--mode sbd")
 
 

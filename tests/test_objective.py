@@ -11,7 +11,7 @@ from sbd_jax.model import Transformer, init_params
 from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.objective import (Batch, check_objective, noise, noisy_layout, ntp_loss, sbd_loss,
                                training_inputs)
-from sbd_jax.decoders import SBDDecoder
+from sbd_jax.sbd_decoder import SBDDecoder
 from tests.test_masks_attention import spec_mask
 
 CFG = ModelConfig(model_type="llama", vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=2,

@@ -1,5 +1,6 @@
 """Every result file says which commit it was measured at, when, and on what."""
 
+import glob
 import json
 import os
 import subprocess
@@ -27,3 +28,14 @@ def test_a_copy_without_git_takes_the_commit_from_the_environment(tmp_path, monk
     assert provenance.commit() == "abc1234"
     monkeypatch.delenv("SBD_COMMIT")
     assert provenance.commit() == "unknown"
+
+
+def test_every_result_file_has_a_producing_script_or_folder():
+    from benchmarks.results_index import RESULT_GLOBS, ROOT, producer
+
+    paths = [os.path.relpath(p, ROOT) for g in RESULT_GLOBS for p in glob.glob(os.path.join(ROOT, g))]
+    assert len(paths) >= 10
+    for path in paths:
+        assert os.path.exists(os.path.join(ROOT, producer(path))), path
+    assert producer("benchmarks/results/compile_8b_llama3_8b.json") == "benchmarks/compile_8b.py"
+    assert producer("recipes/smollm2_sbd/results/cpu/results.json") == "recipes/smollm2_sbd/"

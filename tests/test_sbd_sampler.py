@@ -10,7 +10,8 @@ import pytest
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.model import Transformer
-from sbd_jax.decoders import NTPDecoder, SBDDecoder
+from sbd_jax.decoders import NTPDecoder
+from sbd_jax.sbd_decoder import SBDDecoder
 from sbd_jax.sampler import generate
 from sbd_jax.token_choice import eb_reveal, uncertainty
 from tests.test_decoding import CFG as BASE_CFG
@@ -200,9 +201,10 @@ def test_batch_equals_rows_alone_and_eos_stops_a_row(params):
     assert stopped[row].token_ids[-1] == eos and len(stopped[row].token_ids) <= at + 1
 
 
-def test_negative_gamma(params):
-    with pytest.raises(UserError, match="gamma=-0.1 must be >= 0"):
-        generate(SBDDecoder(CFG, max_new_tokens=8), params, PROMPTS, gamma=-0.1)
+@pytest.mark.parametrize("gamma", [-0.1, float("nan"), "0.5", True])
+def test_gamma_that_is_not_a_number_at_least_0_is_refused(params, gamma):
+    with pytest.raises(UserError, match=f"gamma={gamma!r} must be a number >= 0"):
+        generate(SBDDecoder(CFG, max_new_tokens=8), params, PROMPTS, gamma=gamma)
 
 
 @pytest.mark.parametrize("kwargs, message", [

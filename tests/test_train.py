@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -50,7 +51,7 @@ def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.decoders import SBDDecoder
+    from sbd_jax.sbd_decoder import SBDDecoder
     from sbd_jax.sampler import generate
 
     model = load_model(str(tmp_path / "hf"))
@@ -146,6 +147,29 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     resumed = subprocess.run(run_train(tmp_path / "b", 8, 2), cwd=ROOT, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert losses(tmp_path / "b") == losses(tmp_path / "a")  # same batches, same numbers, every step
+
+
+@requires_smollm2
+def test_sigterm_saves_the_finished_step_and_a_rerun_continues_from_it(tmp_path):
+    cfg = quick_config(train__steps=40, train__log_every=1, checkpoint__every=1000)  # no periodic save before 40
+    cfg.export_hf = False
+    log = tmp_path / "metrics.jsonl"
+
+    def terminate_after_three_steps():
+        while not (log.exists() and len(log.read_text().splitlines()) >= 3):
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_after_three_steps, daemon=True).start()
+    with pytest.raises(UserError, match=r"^stopped by SIGTERM after step (\d+) of 40: .*run the same command again"):
+        Trainer(cfg, str(tmp_path)).run()
+    (saved,) = os.listdir(tmp_path / "checkpoints")
+    assert 3 <= int(saved) < 40 and [s for s, *_ in losses(tmp_path)] == list(range(1, int(saved) + 1))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone with the run
+
+    cfg.train.steps = int(saved) + 2
+    resumed = Trainer(cfg, str(tmp_path)).run()
+    assert [r["step"] for r in resumed] == [int(saved) + 1, int(saved) + 2]
 
 
 @requires_smollm2

@@ -1,4 +1,5 @@
-"""Verified SBD (`verify=True`): output identical to greedy NTP, and its accounting against a Python reference."""
+"""Verified SBD (`VerifiedSBDDecoder`): output identical to greedy NTP, and its accounting against a Python
+reference."""
 
 import functools
 
@@ -7,7 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax.decoders import NTPDecoder, SBDDecoder
+from sbd_jax.decoders import NTPDecoder
+from sbd_jax.sbd_decoder import SBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
@@ -49,7 +52,7 @@ def test_verified_output_equals_greedy_ntp(name, k):
     for stop in ((), eos):
         reference = ntp(name, 20, stop)
         assert stop == () or any(len(r.token_ids) < 20 for r in reference)
-        results, _ = generate(SBDDecoder(cfg, max_new_tokens=20, block_size=k, verify=True, eos_ids=stop),
+        results, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=20, block_size=k, eos_ids=stop),
                               params, PROMPTS)
         for ours, expected in zip(results, reference):
             assert ours.token_ids == expected.token_ids
@@ -136,7 +139,7 @@ def test_accounting_equals_the_python_reference(which, k):
     else:
         cfg, params, prompts = trained_arithmetic_model()
         eos = cfg.eos_token_ids
-    results, _ = generate(SBDDecoder(cfg, max_new_tokens=40, block_size=k, verify=True, eos_ids=eos), params,
+    results, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=40, block_size=k, eos_ids=eos), params,
                           prompts)
     expected, _ = generate(NTPDecoder(cfg, max_new_tokens=40, eos_ids=eos), params, prompts)
     for prompt, ours, ntp_result in zip(prompts, results, expected):
@@ -161,7 +164,7 @@ def test_verified_smollm2_with_an_untrained_mask_token_equals_ntp():
     prompts = [encode_prompt(loaded.tokenizer, p, chat=True) for p in CHAT_PROMPTS[:3]]
     common = dict(max_new_tokens=40, eos_ids=cfg.eos_token_ids)
     expected, _ = generate(NTPDecoder(cfg, **common), params, prompts)
-    results, _ = generate(SBDDecoder(cfg, block_size=8, verify=True, **common), params, prompts)
+    results, _ = generate(VerifiedSBDDecoder(cfg, block_size=8, **common), params, prompts)
     for ours, reference in zip(results, expected):
         assert ours.token_ids == reference.token_ids
     assert sum(r.drafted - r.accepted for r in results) > 0  # rejections happened
@@ -177,7 +180,7 @@ def test_verified_output_equals_ntp_where_drafts_are_accepted(k):
     eos = cfg.eos_token_ids
     for max_new in sorted({1, max(k - 1, 1), k, k + 1, 72}):
         reference, _ = generate(NTPDecoder(cfg, max_new_tokens=max_new, eos_ids=eos), params, prompts)
-        decoder = SBDDecoder(cfg, max_new_tokens=max_new, block_size=k, verify=True, eos_ids=eos)
+        decoder = VerifiedSBDDecoder(cfg, max_new_tokens=max_new, block_size=k, eos_ids=eos)
         results, _ = generate(decoder, params, prompts)
         if max_new == 72:  # whole answers (EOS inside a block), and a row alone as well as batched
             results.append(generate(decoder, params, prompts[:1])[0][0])
@@ -193,7 +196,7 @@ def test_verified_and_plain_sbd_run_wherever_ntp_fits_the_context():
     cfg, params = model("llama")
     cfg = cfg.replace(max_position_embeddings=9 + 23)  # the longest prompt has 9 tokens
     reference, _ = generate(NTPDecoder(cfg, max_new_tokens=23), params, PROMPTS)
-    verified, _ = generate(SBDDecoder(cfg, max_new_tokens=23, block_size=16, verify=True), params, PROMPTS)
+    verified, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=23, block_size=16), params, PROMPTS)
     plain, _ = generate(SBDDecoder(cfg, max_new_tokens=23, block_size=16), params, PROMPTS, gamma=1.0)
     assert [r.token_ids for r in verified] == [r.token_ids for r in reference]
     assert all(len(r.token_ids) == 23 for r in reference + plain)

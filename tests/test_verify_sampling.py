@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from sbd_jax.config import ModelConfig
-from sbd_jax.decoders import SBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
 from sbd_jax.token_choice import sampling_logits, without_token
@@ -80,7 +80,7 @@ def sampling_noise(probs, n):
 
 
 @dataclasses.dataclass(frozen=True)
-class AcceptsEveryDraft(SBDDecoder):
+class AcceptsEveryDraft(VerifiedSBDDecoder):
     """Broken on purpose: drafts are kept without the ratio test."""
     def speculative_test(self, p_logits, q_logits, drafts, is_draft, accept_rng, token_rng):
         accepted = is_draft.sum(axis=1)
@@ -89,7 +89,7 @@ class AcceptsEveryDraft(SBDDecoder):
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplacesFromP(SBDDecoder):
+class ReplacesFromP(VerifiedSBDDecoder):
     """Broken on purpose: a rejected draft is replaced by a draw from p, not from the residual."""
 
     def speculative_test(self, p_logits, q_logits, drafts, is_draft, accept_rng, token_rng):
@@ -99,13 +99,13 @@ class ReplacesFromP(SBDDecoder):
 
 
 def decoder(kind, temperature, top_p, block_size=3):
-    return kind(CFG, max_new_tokens=NEW, block_size=block_size, verify=True, temperature=temperature, top_p=top_p)
+    return kind(CFG, max_new_tokens=NEW, block_size=block_size, temperature=temperature, top_p=top_p)
 
 
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.8)])
 def test_verified_sampling_draws_from_ntp_distribution(temperature, top_p):
     expected = ntp_joint(temperature, top_p)
-    counts, results = sampled_joint(decoder(SBDDecoder, temperature, top_p), seed=0)
+    counts, results = sampled_joint(decoder(VerifiedSBDDecoder, temperature, top_p), seed=0)
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
     assert 0.2 < accepted / drafted < 0.95  # both branches (accept, reject + residual) are exercised
     assert sum(r.nfe for r in results) < NEW * ROWS  # fewer forwards than NTP

@@ -7,8 +7,9 @@ decoding and for SBD decoding over a (block size, γ) grid, wall-clock tokens/s.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -20,15 +21,19 @@ from sbd_jax.config import ModelConfig
 from sbd_jax.data import Packed, load_packed
 from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss
-from sbd_jax.decoders import NTPDecoder, SBDDecoder
-from sbd_jax.sampler import BatchTiming, Generation, generate, tokens_per_pass
+from sbd_jax.decoders import NTPDecoder
+from sbd_jax.sampler import BatchTiming, Executables, Generation, generate, tokens_per_pass
+from sbd_jax.sbd_decoder import SBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
 
-class Trained(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Trained:
     name: str
     config: ModelConfig
     params: Any
     tokenizer: Any
+    executables: Executables = dataclasses.field(default_factory=Executables)  # its compiled decoders
 
 
 def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64,
@@ -70,10 +75,13 @@ def decode(model: Trained, setting: dict, prompts: Sequence[Sequence[int]], max_
     """Greedy decoding of token-id prompts in one batch with a setting of `settings`."""
     common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
     if setting["mode"] == "ntp":
-        return generate(NTPDecoder(model.config, **common), model.params, prompts, pad_to=pad_to)
-    decoder = SBDDecoder(model.config, block_size=setting["block_size"], proxy=setting["proxy"],
-                         verify=setting.get("verify", False), **common)
-    return generate(decoder, model.params, prompts, pad_to=pad_to, gamma=setting["gamma"])
+        decoder = NTPDecoder(model.config, **common)
+    elif setting.get("verify", False):
+        decoder = VerifiedSBDDecoder(model.config, block_size=setting["block_size"], **common)
+    else:
+        decoder = SBDDecoder(model.config, block_size=setting["block_size"], proxy=setting["proxy"], **common)
+    gamma = {} if setting["gamma"] is None else {"gamma": setting["gamma"]}
+    return generate(decoder, model.params, prompts, pad_to=pad_to, executables=model.executables, **gamma)
 
 
 def chat_prompt(tokenizer: Any, question: str) -> list[int]:

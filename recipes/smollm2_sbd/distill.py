@@ -14,7 +14,7 @@ import os
 from typing import Any, Sequence
 
 from sbd_jax.decoders import Decoder
-from sbd_jax.sampler import Generation, generate
+from sbd_jax.sampler import Executables, Generation, generate
 from sbd_jax.tokenizer import encode_prompt
 
 LOOP_WINDOW = 16
@@ -27,10 +27,11 @@ def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequenc
     encoded = [encode_prompt(tokenizer, p, chat=True) for p in prompts]
     longest = max(len(e) for e in encoded)
     generations: list[Generation] = []
+    executables = Executables()
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start: start + batch_size]
         filled = batch + [batch[-1]] * (min(batch_size, len(encoded)) - len(batch))
-        results, _ = generate(decoder, params, filled, pad_to=longest, gamma=gamma)
+        results, _ = generate(decoder, params, filled, pad_to=longest, gamma=gamma, executables=executables)
         generations += results[: len(batch)]
     texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
     return texts, generations

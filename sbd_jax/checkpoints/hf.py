@@ -10,7 +10,7 @@ from typing import Any, Callable, Collection, Iterator
 import jax
 import ml_dtypes
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from sbd_jax.config import ModelConfig
@@ -99,8 +99,17 @@ def _weight_files(path: str) -> dict[str, str]:
             raise UserError(f"{path} holds only pickle weights (.bin/.pt), which sbd_jax never loads; "
                             "convert them to safetensors first")
         raise UserError(f"{path} has no {_SINGLE} or {_INDEX}: the weights are missing")
-    with safe_open(single, framework="numpy") as f:
+    with _open_safetensors(single) as f:
         return {name: single for name in f.keys()}
+
+
+def _open_safetensors(file: str) -> Any:
+    """`safe_open`, with a damaged file named in a UserError instead of a safetensors traceback."""
+    try:
+        return safe_open(file, framework="numpy")
+    except SafetensorError as e:
+        raise UserError(f"{file} is not a readable safetensors file ({e}); it is truncated or corrupt: "
+                        "download or convert it again") from None
 
 
 def load_params(path: str, cfg: ModelConfig) -> dict:
@@ -113,8 +122,12 @@ def load_params(path: str, cfg: ModelConfig) -> dict:
         if file not in handles:
             if not os.path.isfile(file):
                 raise UserError(f"{file} is listed in {_INDEX} but does not exist; the download is incomplete")
-            handles[file] = safe_open(file, framework="numpy")
-        return handles[file].get_tensor(name)
+            handles[file] = _open_safetensors(file)
+        try:
+            return handles[file].get_tensor(name)
+        except SafetensorError as e:
+            raise UserError(f"{file}: tensor {name!r} cannot be read ({e}); the file is truncated or corrupt: "
+                            "download or convert it again") from None
 
     try:
         return params_from_tensors(files.keys(), get, cfg, path)

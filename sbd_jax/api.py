@@ -1,0 +1,154 @@
+"""The Python API: load a model once, then generate text with any decoder.
+
+    import sbd_jax
+
+    model = sbd_jax.load("smollm2-135m")  # a known name, a Hugging Face directory or a .gguf file
+    (out,) = model.generate(["What is 2+2?"], chat=True, max_new_tokens=64)  # NTP
+    outs = model.generate(prompts, mode="sbd", block_size=8, verify=True, max_new_tokens=64)
+    outs[0].text, outs[0].token_ids, outs[0].nfe
+
+`sample.py` is a command line over this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from sbd_jax.decoders import (DEFAULT_GAMMA, Decoder, check_block_size, check_decoding_options, check_gamma,
+                              check_proxy)
+from sbd_jax.errors import UserError
+
+MODES = ("ntp", "sbd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How to decode. Every field is checked here, once, when the settings are made (before any model
+    is loaded); `decoder` then builds the decoder class that runs them."""
+
+    mode: str = "ntp"  # ntp: one token per forward; sbd: blocks of tokens per forward
+    max_new_tokens: int = 128
+    block_size: int = 16  # sbd: tokens per block
+    gamma: float | None = None  # sbd: entropy budget per pass (None: 0.35); not with verify
+    proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
+    verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise UserError(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
+        check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
+        if self.verify and self.mode != "sbd":
+            raise UserError("verify (--verify) checks SBD's drafts: use it with mode 'sbd' (--mode sbd)")
+        if self.verify and self.gamma is not None:
+            raise UserError("gamma (--gamma) has no effect with verify (--verify): drafts come from one pass and "
+                            "verification decides what is kept; drop gamma, or drop verify for Entropy-Bounded "
+                            "decoding")
+        if self.mode == "sbd":
+            check_block_size(self.block_size)
+            check_proxy(self.proxy)
+        if self.gamma is not None:
+            check_gamma(self.gamma)
+
+    @property
+    def entropy_budget(self) -> float:
+        """γ as the decoder receives it (plain SBD's default when unset; the other decoders ignore it)."""
+        return DEFAULT_GAMMA if self.gamma is None else self.gamma
+
+    def decoder(self, config: Any) -> Decoder:
+        """The decoder that runs these settings for a model of `config`; it stops at the model's EOS ids."""
+        from sbd_jax.decoders import NTPDecoder
+        from sbd_jax.sbd_decoder import SBDDecoder
+        from sbd_jax.verified_decoder import VerifiedSBDDecoder
+
+        common = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                      eos_ids=config.eos_token_ids)
+        if self.mode == "ntp":
+            return NTPDecoder(config, **common)
+        if self.verify:
+            return VerifiedSBDDecoder(config, block_size=self.block_size, **common)
+        return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One prompt's generation."""
+
+    text: str  # special tokens skipped
+    token_ids: list[int]  # generated ids, up to and including the first EOS
+    nfe: int  # decoding forward passes (prefill excluded); NTP: one per token
+    reveal_pass: list[int]  # per token, the pass that produced it (verified: accepted it)
+    corrected: list[bool]  # verified: per token, NTP's correction of a rejected draft
+    drafted: int  # verified: drafted tokens submitted for verification
+    accepted: int  # verified: of those, accepted
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return len(self.token_ids) / max(self.nfe, 1)
+
+    @property
+    def accepted_fraction(self) -> float:
+        """Verified: accepted / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+class SBDModel:
+    """A loaded model (config, parameters on the default device, tokenizer) that generates text.
+
+    Compiled decoders are kept (the `capacity` most recent shapes), so repeated calls with the same
+    settings and prompt bucket do not compile again; `last_timing` holds the last call's compile,
+    prefill and decode seconds."""
+
+    def __init__(self, config: Any, params: Any, tokenizer: Any, capacity: int = 16):
+        import jax
+
+        from sbd_jax.sampler import Executables
+
+        self.config, self.tokenizer = config, tokenizer
+        self.params = jax.device_put(params)
+        self.executables = Executables(capacity)
+        self.last_timing = None
+
+    def encode(self, prompt: str, chat: bool = False) -> list[int]:
+        """Token ids of a prompt: raw text, or one user turn through the model's chat template."""
+        from sbd_jax.tokenizer import encode_prompt
+
+        return encode_prompt(self.tokenizer, prompt, chat)
+
+    def generate(self, prompts: str | Sequence[str], settings: Settings | None = None, *, chat: bool = False,
+                 seed: int = 0, max_cache_len: int | None = None, **options: Any) -> list[Completion]:
+        """Generates for a batch of prompts (one string: a batch of one), one `Completion` each.
+
+        Give `settings`, or their fields as keywords (`mode="sbd", block_size=8, verify=True, ...`).
+        `chat` wraps each prompt as a user turn; `max_cache_len` caps the KV cache (default: the
+        model's context)."""
+        from sbd_jax.sampler import generate
+
+        if settings is None:
+            settings = Settings(**options)
+        elif options:
+            raise UserError(f"give settings or keyword options, not both (got {', '.join(options)})")
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        ids = [self.encode(text, chat) for text in texts]
+        generations, self.last_timing = generate(settings.decoder(self.config), self.params, ids, seed=seed,
+                                                 max_cache_len=max_cache_len, gamma=settings.entropy_budget,
+                                                 executables=self.executables)
+        return [Completion(text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True), token_ids=g.token_ids,
+                           nfe=g.nfe, reveal_pass=g.reveal_pass, corrected=g.corrected, drafted=g.drafted,
+                           accepted=g.accepted) for g in generations]
+
+
+def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None) -> SBDModel:
+    """Loads a model by known name (`smollm2-135m`), Hugging Face directory or .gguf file.
+
+    `mask_token_id` sets the mask token of a model whose config does not (SBD needs one); every mode
+    then never emits it, so NTP and verified SBD compare exactly."""
+    from sbd_jax.checkpoints.load import load_model
+
+    loaded = load_model(model, dtype=dtype)
+    config = loaded.config
+    if mask_token_id is not None:
+        config = config.replace(mask_token_id=mask_token_id)
+    return SBDModel(config, loaded.params, loaded.tokenizer)

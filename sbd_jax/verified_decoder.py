@@ -1,0 +1,171 @@
+"""Verified (lossless) SBD: blocks drafted by the SBD model and kept only where NTP agrees."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from sbd_jax.decoders import DecodeOutput, Knobs, kept_through_eos
+from sbd_jax.kv_cache import KVCache, append
+from sbd_jax.sbd_decoder import BlockDecoder
+from sbd_jax.token_choice import draw, sampling_logits, without_token
+
+
+@struct.dataclass
+class _VerifyState:
+    iteration: jax.Array
+    cache: KVCache
+    pending: jax.Array  # [B, k] an exact token, then the drafts it is followed by
+    pending_count: jax.Array  # [B] 1 + drafts
+    draft_logits: jax.Array  # [B, k, V] sampling: at j, the distribution drafts[j] was drawn from ([B, k, 0] greedy)
+    tokens: jax.Array  # [B, N + k]
+    passes: jax.Array  # [B, N + k]
+    corrected: jax.Array  # [B, N + k]
+    nfe: jax.Array
+    count: jax.Array
+    done: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedSBDDecoder(BlockDecoder):
+    """Self-speculative SBD whose output follows NTP's distribution exactly (greedy: NTP's very tokens).
+
+    The pass that commits a block runs it causally, so its logits are NTP's predictions for the block;
+    the drafts are tested against them (greedy: kept while equal; sampling: the speculative ratio test)
+    and the cache keeps exactly the accepted tokens. Drafts always come from one pass, so every forward
+    verifies and `nfe <= new tokens`; γ (in `Knobs`) plays no part. A block's first token is never
+    drafted: the causal logit of the token before it gives it exactly.
+    Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
+    shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
+    """
+
+    @property
+    def output_len(self) -> int:
+        return self.max_new_tokens + self.block_size  # rows advance by what they accept; drafts reach k past
+
+    @property
+    def output_label(self) -> str:
+        return f"max_new_tokens + block size {self.block_size}"
+
+    @functools.partial(jax.jit, static_argnames=("self",))
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array,
+               knobs: Knobs) -> DecodeOutput:
+        """Decodes until every row hit EOS or `max_new_tokens`.
+
+        Each iteration is one first pass over `pending` (an exact token and the drafts after it) and a
+        new all-masked block. The pass's causal logits at pending position j give `p_j`, NTP's
+        distribution of the token after it (tempered / top-p truncated as NTP samples it). Drafts are
+        tested left to right; the first rejected one is replaced, and after the last accepted one (or
+        the replacement) nothing of `pending` is kept. If every draft was accepted, one more token is
+        drawn from `p` after them; it starts the new block, whose other positions are drafted from this
+        same pass (one pass: a forward never drafts without verifying, so `nfe <= new tokens`).
+
+        Greedy: a draft is accepted iff it equals argmax `p_j`; the replacement is that argmax.
+        Sampling: draft `d_j` was drawn from `q_j`, the masked block's distribution at its position,
+        computed from the prefix alone (the whole block masked) and so independent of the other drafts.
+        Accept it with probability min(1, p_j(d_j) / q_j(d_j)); on rejection draw from
+        normalize(max(0, p_j - q_j)). Then P(token = x) = q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y),
+        p(y))) (p(x) - q(x))^+ / sum_y (p(y) - q(y))^+ = min(q(x), p(x)) + (p(x) - q(x))^+ = p(x)
+        (Leviathan et al., 2023), at every position given the tokens before it, because q_j does not
+        depend on d_<j: the emitted sequence is distributed exactly as NTP sampling's. Drafts revealed
+        over several passes would make q_j depend on earlier (even later) drafts and break this; here
+        there are none.
+        """
+        k, batch = self.block_size, last_token_B.shape[0]
+        mask_id = self.config.mask_token_id
+        sampling = self.temperature > 0
+        j = jnp.arange(k)
+        rows = jnp.arange(batch)[:, None]
+
+        def dist(logits: jax.Array) -> jax.Array:  # logits of the distribution tokens are drawn from
+            return sampling_logits(without_token(logits, mask_id), self.temperature, self.top_p)
+
+        def body(s: _VerifyState) -> _VerifyState:
+            live = ~s.done
+            accept_rng, token_rng, draft_rng = jax.random.split(jax.random.fold_in(rng, s.iteration), 3)
+            masked_block = jnp.full((batch, k), mask_id, jnp.int32)
+            pending_logits, block_logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count,
+                                                               masked_block, causal_logits=True)
+            nfe = s.nfe + live
+            p_logits = dist(pending_logits)  # [B, k, V]: at j, NTP's distribution of the token after j
+            drafts = jnp.concatenate([s.pending[:, 1:], jnp.full((batch, 1), mask_id, jnp.int32)], axis=1)
+            is_draft = j < (s.pending_count - 1)[:, None]  # drafts[j] is pending position j + 1
+            if sampling:
+                accepted, next_token = self.speculative_test(p_logits, s.draft_logits, drafts, is_draft, accept_rng,
+                                                             token_rng)
+            else:
+                exact = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)
+                accepted = jnp.cumprod(is_draft & (drafts == exact), axis=1).sum(axis=1)
+                next_token = jnp.take_along_axis(exact, accepted[:, None], axis=1)[:, 0]
+            emitted = jnp.where(j < accepted[:, None], drafts, next_token[:, None])
+            kept, ended = kept_through_eos(self._is_eos(emitted) & (j <= accepted[:, None]),
+                                           jnp.where(live, jnp.minimum(accepted + 1, self.max_new_tokens - s.count), 0))
+            slots = s.count[:, None] + j
+            was_corrected = (j == accepted[:, None]) & (accepted < s.pending_count - 1)[:, None]
+            eos_before = (jnp.cumsum(self._is_eos(drafts), axis=1) - self._is_eos(drafts)) > 0
+            count = s.count + kept
+            done = s.done | ended | (count >= self.max_new_tokens)
+            # Every draft accepted: this pass's block holds, `next_token` at its first position and drafts
+            # from this pass's block logits after it, as far as max_new_tokens can still reach.
+            whole = (accepted == s.pending_count - 1) & ~done
+            q_logits = dist(block_logits)
+            room = (j[None] >= 1) & (j[None] < (self.max_new_tokens - count + 1)[:, None])
+            block = jnp.where(room, draw(q_logits, draft_rng, self.temperature), mask_id).at[:, 0].set(next_token)
+            restart = jnp.zeros((batch, k), jnp.int32).at[:, 0].set(next_token)
+            return s.replace(
+                iteration=s.iteration + 1,
+                cache=append(s.cache, kv.k, kv.v, jnp.where(live, accepted + 1, 0)),  # the accepted pending tokens
+                pending=jnp.where(whole[:, None], block, restart),
+                pending_count=jnp.where(whole, k, 1).astype(jnp.int32),
+                # The next pass tests pending position j + 1 against q at block position j + 1.
+                draft_logits=jnp.roll(q_logits, -1, axis=1) if sampling else s.draft_logits,
+                tokens=s.tokens.at[rows, slots].set(emitted, mode="drop"),
+                passes=s.passes.at[rows, slots].set(jnp.broadcast_to(nfe[:, None], emitted.shape), mode="drop"),
+                corrected=s.corrected.at[rows, slots].set(was_corrected, mode="drop"),
+                nfe=nfe, count=count, done=done,
+                drafted=s.drafted + jnp.where(live, (is_draft & (drafts != mask_id) & ~eos_before).sum(axis=1), 0),
+                accepted=s.accepted + jnp.where(live, jnp.minimum(accepted, kept), 0))
+
+        zeros = jnp.zeros((batch,), jnp.int32)
+        vocab = self.config.vocab_size if sampling else 0  # greedy tests drafts by equality: no q kept
+        width = self.output_len
+        init = _VerifyState(iteration=jnp.int32(0), cache=cache,
+                            pending=jnp.zeros((batch, k), jnp.int32).at[:, 0].set(last_token_B),
+                            pending_count=jnp.ones((batch,), jnp.int32),
+                            draft_logits=jnp.zeros((batch, k, vocab), jnp.float32),
+                            tokens=jnp.zeros((batch, width), jnp.int32), passes=jnp.zeros((batch, width), jnp.int32),
+                            corrected=jnp.zeros((batch, width), bool), nfe=zeros, count=zeros,
+                            done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros)
+        final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
+        return DecodeOutput(tokens=final.tokens, num_tokens=final.count, nfe=final.nfe, reveal_pass=final.passes,
+                            corrected=final.corrected, drafted=final.drafted, accepted=final.accepted)
+
+    def speculative_test(self, p_logits: jax.Array, q_logits: jax.Array, drafts: jax.Array, is_draft: jax.Array,
+                         accept_rng: jax.Array, token_rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Speculative sampling over `[B, k]` drafts: how many are accepted, and the token after them.
+
+        Draft j (where `is_draft`) was drawn from softmax(q_logits[:, j]); softmax(p_logits[:, j]) is the
+        target distribution at its position. Accepted with probability min(1, p/q), left to right up to the
+        first rejection; the token after the accepted drafts is drawn from normalize(max(0, p - q)) at a
+        rejected position, from p after the last draft.
+        """
+        p = jax.nn.softmax(p_logits, axis=-1)
+        q = jax.nn.softmax(q_logits, axis=-1)
+        p_draft = jnp.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]
+        q_draft = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+        u = jax.random.uniform(accept_rng, drafts.shape)
+        accepted = jnp.cumprod(is_draft & (u * q_draft < p_draft), axis=1).sum(axis=1)  # u < p/q, q > 0 for a draft
+        at = accepted[:, None, None]
+        p_next, q_next = jnp.take_along_axis(p, at, axis=1)[:, 0], jnp.take_along_axis(q, at, axis=1)[:, 0]
+        residual = jnp.maximum(p_next - q_next, 0.0)
+        rejected = (jnp.take_along_axis(is_draft, accepted[:, None], axis=1)[:, 0]
+                    & (residual.sum(axis=-1) > 0))  # p == q leaves no residual, and then never rejects
+        weights = jnp.where(rejected[:, None], residual, p_next)
+        return accepted, jax.random.categorical(token_rng, jnp.log(weights), axis=-1).astype(jnp.int32)

@@ -1,0 +1,62 @@
+"""The Python API (`sbd_jax.load`, `SBDModel.generate`, `Settings`) on the shipped small-scale SBD model."""
+
+import os
+
+import pytest
+
+import sbd_jax
+from sbd_jax.api import Settings
+from sbd_jax.errors import UserError
+from sbd_jax.sbd_decoder import SBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
+
+SHIPPED = os.path.join(os.path.dirname(__file__), "..", "experiments", "small_scale", "models", "sbd_arith")
+PROMPTS = ["c5b7a2+b8a6", "d1c0b9a9+a1"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sbd_jax.load(SHIPPED)
+
+
+def test_verified_sbd_returns_ntps_completions_in_fewer_passes(model):
+    ntp = model.generate(PROMPTS, chat=True, max_new_tokens=72)
+    verified = model.generate(PROMPTS, chat=True, max_new_tokens=72, mode="sbd", block_size=8, verify=True)
+    for v, n in zip(verified, ntp):
+        assert v.token_ids == n.token_ids and v.text == n.text and n.text.strip()
+        assert n.nfe == len(n.token_ids) and v.nfe < n.nfe and v.tokens_per_pass > 1
+        assert 0 < v.accepted <= v.drafted and len(v.corrected) == len(v.reveal_pass) == len(v.token_ids)
+
+
+def test_compiled_decoders_are_reused_and_bounded(model):
+    settings = Settings(mode="sbd", block_size=4, gamma=0.5, max_new_tokens=16)
+    model.generate(PROMPTS[0], settings)  # a string: a batch of one
+    held = len(model.executables)
+    (out,) = model.generate(PROMPTS[1], settings)
+    assert len(model.executables) == held and model.last_timing.compile_seconds < 0.05
+    assert out.token_ids and out.text == model.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert held <= model.executables.capacity
+
+
+def test_settings_build_one_decoder_class_per_algorithm(model):
+    assert type(Settings(mode="sbd").decoder(model.config)) is SBDDecoder
+    assert type(Settings(mode="sbd", verify=True).decoder(model.config)) is VerifiedSBDDecoder
+    assert Settings(mode="sbd").entropy_budget == 0.35 and Settings(mode="sbd", gamma=0.0).entropy_budget == 0.0
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"mode": "fast"}, "unknown mode 'fast': use one of ntp, sbd"),
+    ({"verify": True}, "verify .* checks SBD's drafts: use it with mode 'sbd'"),
+    ({"mode": "sbd", "verify": True, "gamma": 0.5}, "gamma .* has no effect with verify"),
+    ({"mode": "sbd", "gamma": float("nan")}, "gamma=nan must be a number >= 0"),
+    ({"mode": "sbd", "block_size": 0}, "block_size=0 must be >= 1"),
+    ({"max_new_tokens": 0}, "max_new_tokens=0 must be >= 1"),
+])
+def test_bad_settings_are_refused_before_any_model_is_loaded(options, message):
+    with pytest.raises(UserError, match=message):
+        Settings(**options)
+
+
+def test_settings_and_keywords_together_are_refused(model):
+    with pytest.raises(UserError, match="give settings or keyword options, not both"):
+        model.generate("x", Settings(), max_new_tokens=4)
