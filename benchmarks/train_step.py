@@ -67,7 +67,7 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     from configs.base import get_base
     from sbd_jax.model import Transformer, init_params
     from sbd_jax.objective import Batch
-    from sbd_jax.trainer import TrainState, make_optimizer, train_step
+    from sbd_jax.train_step import ObjectiveSpec, TrainState, make_optimizer, train_step
 
     config = config.replace(mask_token_id=config.vocab_size - 1)
     opt = get_base().optimizer
@@ -77,11 +77,10 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     tokens = np.random.RandomState(0).randint(0, config.vocab_size - 1, (batch_size, seq_len)).astype(np.int32)
     batch = Batch(jnp.asarray(tokens), jnp.ones_like(tokens), jnp.asarray(np.arange(seq_len)[None].repeat(batch_size, 0)),
                   jnp.ones(tokens.shape, bool))
-    step = functools.partial(train_step, model=Transformer(config), tx=tx, schedule=schedule,
-                             objective=objective, mask_id=config.mask_token_id, weights=(1.0, 1.0),
-                             eta_range=(0.0, 1.0), grad_accum=1)
+    spec = ObjectiveSpec(kind=objective, mask_id=config.mask_token_id,
+                         block_sizes=(2, 16) if block_size is None else None)
+    step = functools.partial(train_step, model=Transformer(config), tx=tx, schedule=schedule, spec=spec)
     if block_size is None:
-        step = functools.partial(step, block_sizes=(2, 16))
         args = (jax.random.key(0), jnp.int32(16))
     else:
         step = functools.partial(step, block_size=block_size)

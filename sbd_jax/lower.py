@@ -57,21 +57,15 @@ def model_config(cfg: Any, architecture: dict | None = None) -> Any:
 
     From `architecture` (an 8B config's ARCHITECTURE), else `cfg.model.architecture`, else the config of
     `cfg.model.name` (the embedded GGUF or an HF directory)."""
-    from sbd_jax.checkpoints.load import load_model, resolve
-    from sbd_jax.config import ModelConfig, RopeScaling
+    from sbd_jax.checkpoints.load import read_model_config, resolve
     from sbd_jax.tokenizer import load_tokenizer
+    from sbd_jax.trainer import architecture_config, run_options
 
     m = cfg.model
-    run = dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers, remat=m.remat,
-               attention=m.attention, mask_token_id=0)
-    arch = dict(architecture or m.architecture or {})
-    if not arch:
-        return load_model(m.name, with_tokenizer=False).config.replace(**run)
-    if arch.get("rope_scaling"):
-        arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
-    if "vocab_size" not in arch:
-        arch["vocab_size"] = len(load_tokenizer(resolve(m.tokenizer)))
-    return ModelConfig(**arch, **run)
+    architecture = architecture or m.architecture
+    if not architecture:
+        return read_model_config(m.name, **run_options(m)).replace(mask_token_id=0)
+    return architecture_config(m, architecture, load_tokenizer(resolve(m.tokenizer))).replace(mask_token_id=0)
 
 
 def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
@@ -83,7 +77,7 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     from sbd_jax import sharding
     from sbd_jax.model import Transformer, init_params
     from sbd_jax.objective import Batch
-    from sbd_jax.trainer import TrainState, jitted_train_step, make_optimizer
+    from sbd_jax.train_step import TrainState, jitted_train_step, make_optimizer
 
     cfg = _one_micro_batch(cfg)
     tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps)

@@ -1,4 +1,5 @@
-"""SBD fine-tuning: sharded jitted train step, the loop, Orbax checkpoints (state + data iterator), logs.
+"""SBD fine-tuning: the run (model, data, sharded state), its loop, Orbax checkpoints (state + data
+iterator). The step itself is in `train_step.py`, the logs in `train_log.py`.
 
 The same code runs on one CPU, one GPU or a `(data, fsdp, tensor)` mesh of many devices and hosts.
 A run is a pure function of (config, step): the noise key is `fold_in(seed, step)`, the block size
@@ -9,12 +10,9 @@ sees the same batches and computes the same numbers as an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import json
 import math
 import os
-import sys
 import time
 from typing import Any, Iterator
 
@@ -23,115 +21,20 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from flax import struct
 
 from sbd_jax import sharding, streaming
 from sbd_jax.data import Packed
 from sbd_jax.checkpoints.load import load_model, resolve
-from sbd_jax.config import ModelConfig
+from sbd_jax.config import ModelConfig, RopeScaling
 from sbd_jax.errors import UserError
 from sbd_jax.mask_token import setup_mask_token
 from sbd_jax.model import Transformer, init_params
-from sbd_jax.objective import Batch, check_objective, ntp_loss, sbd_loss
+from sbd_jax.objective import Batch, check_objective
 from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
 from sbd_jax.stop_request import StopRequest
 from sbd_jax.tokenizer import load_tokenizer
-
-
-class TrainState(struct.PyTreeNode):
-    step: jax.Array
-    params: Any
-    opt_state: Any
-
-
-def make_optimizer(opt: ml_collections.ConfigDict, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
-    """AdamW with global-norm clipping and no decay on norms and biases; linear warmup, then cosine
-    decay to `final_lr_ratio` at `total_steps`, or (wsd) constant until the last `decay_steps` steps,
-    which decay linearly. A WSD run's state before its decay equals a longer WSD run's at that step."""
-    warmup = max(opt.warmup_steps, 1)
-    final = opt.lr * opt.final_lr_ratio
-    if opt.schedule == "wsd":
-        stable_end = max(total_steps - opt.decay_steps, warmup)
-        schedule = optax.join_schedules([
-            optax.linear_schedule(0.0, opt.lr, warmup), optax.constant_schedule(opt.lr),
-            optax.linear_schedule(opt.lr, final, max(total_steps - stable_end, 1))], [warmup, stable_end])
-    else:
-        schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, warmup, max(total_steps, warmup + 1), final)
-    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    tx = optax.chain(
-        optax.clip_by_global_norm(opt.clip_norm),
-        optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=decay_mask),
-    )
-    return tx, schedule
-
-
-def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
-    """k ~ U{min..max} per step, drawn from (seed, step) so a resumed run draws the same k.
-
-    NTP training has no blocks: always 1.
-    """
-    if cfg.objective.kind == "ntp":
-        return 1
-    low, high = cfg.objective.block_size_min, cfg.objective.block_size_max
-    return int(np.random.default_rng([cfg.seed, step]).integers(low, high + 1))
-
-
-def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any, *, model: Transformer,
-               tx: optax.GradientTransformation, schedule: Any, objective: str, mask_id: int,
-               weights: tuple[float, float], eta_range: tuple[float, float], grad_accum: int,
-               end_ids: tuple[int, ...] = (),
-               block_sizes: tuple[int, int] | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step; the batch is split into `grad_accum` micro-batches whose grads are averaged.
-
-    `block_size`: a Python int (a step for that size) or a traced int32 scalar in `block_sizes`
-    (min, max): one compiled step for every size.
-    `end_ids` (the model's EOS ids): what the noisy half predicts after a document's end (objective.noisy_layout).
-    """
-    def loss_fn(params, micro, micro_rng):
-        if objective == "ntp":
-            return ntp_loss(params, model, micro)
-        return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=mask_id,
-                        w_ntp=weights[0], w_matp=weights[1], eta_range=eta_range, end_ids=end_ids,
-                        block_sizes=block_sizes)
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    if grad_accum == 1:
-        (_, metrics), grads = grad_fn(state.params, batch, rng)
-    else:
-        micro_batches = jax.tree.map(lambda x: x.reshape(grad_accum, -1, *x.shape[1:]), batch)
-
-        def accumulate(carry, inputs):
-            micro, index = inputs
-            (_, metrics), grads = grad_fn(state.params, micro, jax.random.fold_in(rng, index))
-            return jax.tree.map(jnp.add, carry, (grads, metrics)), None
-
-        (_, metric_shapes), grad_shapes = jax.eval_shape(
-            grad_fn, state.params, jax.tree.map(lambda x: x[0], micro_batches), rng)
-        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (grad_shapes, metric_shapes))
-        (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (micro_batches, jnp.arange(grad_accum)))
-        grads, metrics = jax.tree.map(lambda x: x / grad_accum, (grads, metrics))
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "grad_norm": optax.tree.norm(grads), "lr": schedule(state.step)}
-    return TrainState(state.step + 1, params, opt_state), metrics
-
-
-def jitted_train_step(cfg: ml_collections.ConfigDict, model: Transformer, tx: optax.GradientTransformation,
-                      schedule: Any, mesh: Any, state_shardings: TrainState) -> Any:
-    """`train_step(state, batch, rng, block_size)` jitted with the mesh's shardings and the state donated;
-    the block size is a traced int32 argument, so every size of the config's range shares one compile."""
-    obj = cfg.objective
-    step = functools.partial(
-        train_step, model=model, tx=tx, schedule=schedule, objective=obj.kind,
-        mask_id=model.config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
-        eta_range=(obj.eta_min, obj.eta_max), grad_accum=cfg.train.grad_accum,
-        end_ids=tuple(model.config.eos_token_ids or ()),
-        block_sizes=(obj.block_size_min, obj.block_size_max))
-    batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
-    replicated = sharding.replicated(mesh)
-    return jax.jit(step, in_shardings=(state_shardings, batch_sh, replicated, replicated),
-                   out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+from sbd_jax.train_log import Progress, Window, tensorboard, truncate_log
+from sbd_jax.train_step import TrainState, block_size_for_step, jitted_train_step, make_optimizer
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -160,6 +63,24 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if cfg.train.batch_size % cfg.train.grad_accum:
         raise UserError(f"train.batch_size={cfg.train.batch_size} is not divisible by train.grad_accum="
                         f"{cfg.train.grad_accum}")
+
+
+def run_options(m: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The ModelConfig fields a training config's `model` section sets (master weights stay float32)."""
+    return dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers, remat=m.remat, attention=m.attention)
+
+
+def architecture_config(m: ml_collections.ConfigDict, architecture: dict | None, tokenizer: Any) -> ModelConfig:
+    """The ModelConfig of a model trained from scratch: `architecture` (ModelConfig fields; rope_scaling
+    as a dict), its vocabulary size and EOS ids taken from the tokenizer where it leaves them out."""
+    if not architecture:
+        raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
+    arch = dict(architecture)
+    if arch.get("rope_scaling"):
+        arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
+    arch.setdefault("vocab_size", len(tokenizer))
+    arch.setdefault("eos_token_ids", (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+    return ModelConfig(**arch, **run_options(m))
 
 
 class Trainer:
@@ -191,19 +112,12 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def _model(self) -> tuple[ModelConfig, dict, Any]:
         m = self.cfg.model
-        run = dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers, remat=m.remat,
-                   attention=m.attention)
         if m.name:
-            loaded = load_model(m.name, **run)
+            loaded = load_model(m.name, **run_options(m))
             return loaded.config, loaded.params, loaded.tokenizer
-        if not m.architecture:
-            raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
         tokenizer = load_tokenizer(resolve(m.tokenizer))
-        arch = dict(m.architecture)
-        arch.setdefault("vocab_size", len(tokenizer))
-        arch.setdefault("eos_token_ids", (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
-        config = ModelConfig(**arch, **run)
-        return config, jax.device_get(init_params(config.replace(param_dtype="float32"), self.cfg.seed)), tokenizer
+        config = architecture_config(m, m.architecture, tokenizer)
+        return config, jax.device_get(init_params(config, self.cfg.seed)), tokenizer
 
     def _sharded_state(self, params: dict) -> TrainState:
         param_sh = sharding.param_shardings(params, self.mesh)
@@ -294,13 +208,13 @@ class Trainer:
         metrics_path = os.path.join(self.workdir, "metrics.jsonl")
         primary = jax.process_index() == 0  # the one writer of the logs (hosts share the workdir)
         if primary:
-            _truncate_log(metrics_path, start)
-        writer = _tensorboard(self.workdir) if primary else None
+            truncate_log(metrics_path, start)
+        writer = tensorboard(self.workdir) if primary else None
         total = self.cfg.train.steps
         tokens_per_step = self.cfg.train.batch_size * self.cfg.data.seq_len
         logged = []
-        progress = _Progress(start, total)
-        window = _Window(tokens_per_step, self._flops_per_step(), device_peak_flops(jax.devices()[0], self.config.dtype))
+        progress = Progress(start, total)
+        window = Window(tokens_per_step, self._flops_per_step(), device_peak_flops(jax.devices()[0], self.config.dtype))
         stopped_at = None
         with open(metrics_path, "a") as log, _finishing_saves(manager), StopRequest() as stop:
             for step in range(start, total):
@@ -378,83 +292,3 @@ def _finishing_saves(manager) -> Iterator[None]:
         manager.wait_until_finished()
 
 
-def _truncate_log(path: str, completed: int) -> None:
-    """Drops log lines of steps after the restored checkpoint: they are about to be recomputed."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        keep = [line for line in f if line.strip() and json.loads(line)["step"] <= completed]
-    with open(path, "w") as f:
-        f.writelines(keep)
-
-
-def _tensorboard(workdir: str) -> Any:
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        return None
-    return SummaryWriter(os.path.join(workdir, "tensorboard"))
-
-
-@dataclasses.dataclass
-class _Window:
-    """Steps dispatched since the last fetch, their metrics still on device. `fetch` brings them to the
-    host in one transfer and times the window: per step, its wall time less compiles, divided evenly
-    (steps overlap, so one step's own time is not observable without a sync per step)."""
-
-    tokens_per_step: int
-    flops_per_step: float
-    peak_flops: float | None
-    pending: list = dataclasses.field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.began = time.perf_counter()
-
-    def add(self, step: int, block_size: int, metrics: dict[str, jax.Array], compile_seconds: float) -> None:
-        self.pending.append((step, block_size, metrics, compile_seconds))
-
-    def fetch(self) -> list[dict[str, float]]:
-        fetched = jax.device_get([metrics for _, _, metrics, _ in self.pending])
-        now = time.perf_counter()
-        compiles = sum(c for *_, c in self.pending)
-        seconds = max(now - self.began - compiles, 1e-9) / len(self.pending)
-        rows = []
-        for (step, k, _, compile_seconds), metrics in zip(self.pending, fetched):
-            metrics = {name: float(v) for name, v in metrics.items()}
-            bad = [name for name in ("loss", "grad_norm") if not math.isfinite(metrics[name])]
-            if bad:
-                raise UserError(f"step {step}: non-finite {' and '.join(bad)} ({', '.join(f'{n}={metrics[n]}' for n in bad)}"
-                                "); stopped without saving this state, the last checkpoint stays: lower "
-                                "optimizer.lr or check the data, then rerun to resume from it")
-            row = {"step": step, "block_size": k, **metrics, "seconds": seconds,
-                   "tokens_per_s": self.tokens_per_step / seconds, "compile_seconds": compile_seconds}
-            if self.peak_flops:
-                row["mfu"] = self.flops_per_step / seconds / self.peak_flops
-            rows.append(row)
-        self.pending, self.began = [], time.perf_counter()
-        return rows
-
-
-@dataclasses.dataclass
-class _Progress:
-    """One status line per fetch: step, losses, step time, tokens/s, MFU, ETA (redrawn on a terminal)."""
-
-    start: int
-    total: int
-
-    def __post_init__(self) -> None:
-        self.began = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-
-    def update(self, row: dict[str, float]) -> None:
-        done = row["step"] - self.start
-        eta = (time.perf_counter() - self.began) / done * (self.total - row["step"])
-        mfu = f" MFU {row['mfu']:.1%}" if "mfu" in row else ""
-        line = (f"step {row['step']}/{self.total} loss {row['loss']:.4f} (ntp {row['ntp_loss']:.4f}, "
-                f"matp {row['matp_loss']:.4f}) k={row['block_size']} {row['seconds']:.3f} s/step "
-                f"{row['tokens_per_s']:.0f} tok/s{mfu} ETA {eta:.0f}s")
-        print(("\r" if self.tty else "") + line, end="" if self.tty else "\n", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)

@@ -7,6 +7,7 @@ from gguf import GGMLQuantizationType
 
 from sbd_jax.checkpoints import hf
 from sbd_jax.checkpoints.gguf import load_gguf
+from sbd_jax.checkpoints.load import read_model_config
 from sbd_jax.errors import UserError
 from tests.gguf_files import write_llama_gguf
 from tests.hf_models import tiny_hf_model, torch_logits
@@ -21,6 +22,18 @@ def test_f32_gguf_matches_transformers(tmp_path, num_kv_heads, tied):
     cfg, params = load_gguf(str(tmp_path / "m.gguf"))
     assert cfg.tie_word_embeddings == tied and cfg.num_kv_heads == num_kv_heads
     np.testing.assert_allclose(jax_logits(cfg, params), torch_logits(model, TOKENS), atol=1e-4, rtol=0)
+
+
+def test_config_alone_reads_no_tensor_and_equals_the_full_loads(tmp_path, monkeypatch, tiny_hf_dir):
+    write_llama_gguf(tmp_path / "m.gguf", tiny_hf_model("llama", num_kv_heads=2))
+    full, _ = load_gguf(str(tmp_path / "m.gguf"), dtype="bfloat16")
+    hf_dir, _ = tiny_hf_dir("qwen3")
+    hf_full = hf.read_config(hf_dir)
+    import gguf
+    monkeypatch.setattr(gguf.quants, "dequantize", lambda *a: pytest.fail("a tensor was read"))
+    monkeypatch.setattr(hf, "load_params", lambda *a: pytest.fail("weights were read"))
+    assert read_model_config(str(tmp_path / "m.gguf"), dtype="bfloat16") == full
+    assert read_model_config(hf_dir) == hf_full
 
 
 def test_q8_0_gguf_dequantizes_exactly(tmp_path):

@@ -1,5 +1,6 @@
 """Sharded training on 8 simulated CPU devices equals the single-device step; shardings follow the rules."""
 
+import dataclasses
 import functools
 
 import jax
@@ -13,7 +14,7 @@ from sbd_jax import sharding
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.objective import Batch
-from sbd_jax.trainer import TrainState, make_optimizer, train_step
+from sbd_jax.train_step import ObjectiveSpec, TrainState, make_optimizer, train_step
 from tests.test_objective import CFG
 
 
@@ -31,9 +32,8 @@ def _setup(grad_accum=1):
     tokens = rng.randint(0, 63, (8, 32)).astype(np.int32)
     batch = Batch(jnp.asarray(tokens), jnp.ones((8, 32), jnp.int32), jnp.asarray(np.arange(32)[None].repeat(8, 0)),
                   jnp.ones((8, 32), bool))
-    step = functools.partial(train_step, model=Transformer(cfg), tx=tx, schedule=schedule, objective="sbd",
-                             block_size=8, mask_id=63, weights=(1.0, 1.0), eta_range=(0.0, 1.0),
-                             grad_accum=grad_accum)
+    step = functools.partial(train_step, model=Transformer(cfg), tx=tx, schedule=schedule, block_size=8,
+                             spec=ObjectiveSpec(mask_id=63, grad_accum=grad_accum))
     return cfg, params, tx, batch, step
 
 
@@ -85,8 +85,8 @@ def test_a_sharded_step_with_splash_under_the_mesh_equals_the_reference_step():
     mesh = sharding.make_mesh((2, 2, 2))
 
     def run(model, mesh):
-        step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, objective="sbd", block_size=4,
-                                 mask_id=63, weights=(1.0, 1.0), eta_range=(0.0, 1.0), grad_accum=1)
+        step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, block_size=4,
+                                 spec=ObjectiveSpec(mask_id=63))
         sharded = jax.device_put(params, sharding.param_shardings(params, mesh))
         args = (TrainState(jnp.int32(0), sharded, tx.init(sharded)),
                 jax.device_put(batch, sharding.batch_sharding(mesh)), jax.random.key(5))
@@ -107,8 +107,11 @@ def test_gradient_accumulation_matches_one_big_batch():
     state = TrainState(jnp.int32(0), params, tx.init(params))
     # Same noise in every micro-batch is not guaranteed, so compare with the objective's expectation:
     # with η fixed at 0 there is no MATP term and no randomness at all.
-    one = functools.partial(step.func, **{**step.keywords, "eta_range": (0.0, 0.0)})
-    four = functools.partial(step4.func, **{**step4.keywords, "eta_range": (0.0, 0.0)})
+    def without_noise(step):
+        spec = dataclasses.replace(step.keywords["spec"], eta_range=(0.0, 0.0))
+        return functools.partial(step.func, **{**step.keywords, "spec": spec})
+
+    one, four = without_noise(step), without_noise(step4)
     s1, m1 = jax.jit(one)(state, batch, jax.random.key(0))
     s4, m4 = jax.jit(four)(state, batch, jax.random.key(0))
     np.testing.assert_allclose(m1["ntp_loss"], m4["ntp_loss"], rtol=1e-5)

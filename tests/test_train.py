@@ -81,16 +81,18 @@ def test_a_wsd_decay_branch_continues_the_long_run_it_starts_from(tmp_path):
 
 
 def test_one_compiled_step_for_every_block_size_equals_the_step_compiled_for_that_size():
+    import dataclasses
     import functools
 
     import jax.numpy as jnp
 
-    from sbd_jax.trainer import TrainState
+    from sbd_jax.train_step import TrainState
     from tests.test_sharding import _setup
 
     _, params, tx, batch, per_size = _setup()
-    keywords = {key: value for key, value in per_size.keywords.items() if key != "block_size"}
-    one_step = jax.jit(functools.partial(per_size.func, **keywords, block_sizes=(2, 16)))
+    keywords = {key: value for key, value in per_size.keywords.items() if key not in ("block_size", "spec")}
+    spec = dataclasses.replace(per_size.keywords["spec"], block_sizes=(2, 16))
+    one_step = jax.jit(functools.partial(per_size.func, **keywords, spec=spec))
     state = TrainState(jnp.int32(0), params, tx.init(params))
     rng = jax.random.key(5)
     for k in (2, 3, 8, 13, 16):  # the ends of the range, sizes that divide the row and sizes that do not

@@ -56,11 +56,12 @@ def _unpermute(w: np.ndarray, num_heads: int) -> np.ndarray:
     return w.reshape(num_heads, w.shape[0] // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def load_gguf(path: str, **run_options: Any) -> tuple[ModelConfig, dict]:
-    """Reads a llama-architecture GGUF: architecture from its metadata, weights dequantized to float."""
-    import gguf
+def read_gguf_config(path: str, **run_options: Any) -> ModelConfig:
+    """The ModelConfig of a llama-architecture GGUF, from its metadata alone (no tensor is read)."""
+    return _config(_open(path), path, run_options)
 
-    reader = _open(path)
+
+def _config(reader: Any, path: str, run_options: dict) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UserError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
@@ -74,7 +75,7 @@ def load_gguf(path: str, **run_options: Any) -> tuple[ModelConfig, dict]:
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     tokens = _field(reader, "tokenizer.ggml.tokens")
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    config = ModelConfig(
+    return ModelConfig(
         model_type="llama",
         vocab_size=int(_field(reader, f"{arch}.vocab_size", len(tokens) if tokens else 0)),
         hidden_size=hidden,
@@ -91,6 +92,16 @@ def load_gguf(path: str, **run_options: Any) -> tuple[ModelConfig, dict]:
         eos_token_ids=() if eos is None else (int(eos),),
         **run_options,
     )
+
+
+def load_gguf(path: str, **run_options: Any) -> tuple[ModelConfig, dict]:
+    """Reads a llama-architecture GGUF: architecture from its metadata, weights dequantized to float."""
+    import gguf
+
+    reader = _open(path)
+    config = _config(reader, path, run_options)
+    tensors = {t.name: t for t in reader.tensors}
+    heads, kv_heads = config.num_heads, config.num_kv_heads
     by_hf_name = {}
     for name in tensors:
         hf_name = _hf_name(name)

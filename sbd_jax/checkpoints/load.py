@@ -42,6 +42,14 @@ def resolve(spec: str) -> str:
                     f"or one of the known names: {', '.join(KNOWN_MODELS)}")
 
 
+def read_model_config(spec: str, **run_options: Any) -> ModelConfig:
+    """The config of a model (name, HF directory or GGUF file) without reading its weights."""
+    source = resolve(spec)
+    if source.endswith(".gguf"):
+        return gguf.read_gguf_config(source, **run_options)
+    return hf.read_config(source, **run_options)
+
+
 def load_model(spec: str, with_tokenizer: bool = True, **run_options: Any) -> LoadedModel:
     """Config, params (host numpy) and tokenizer of a model. `run_options` set dtype, scan_layers, remat."""
     source = resolve(spec)
