@@ -57,15 +57,14 @@ def model_config(cfg: Any, architecture: dict | None = None) -> Any:
 
     From `architecture` (an 8B config's ARCHITECTURE), else `cfg.model.architecture`, else the config of
     `cfg.model.name` (the embedded GGUF or an HF directory)."""
-    from sbd_jax.checkpoints.load import read_model_config, resolve
-    from sbd_jax.tokenizer import load_tokenizer
+    from sbd_jax.checkpoints.load import read_model_config
     from sbd_jax.trainer import architecture_config, run_options
 
     m = cfg.model
     architecture = architecture or m.architecture
     if not architecture:
         return read_model_config(m.name, **run_options(m)).replace(mask_token_id=0)
-    return architecture_config(m, architecture, load_tokenizer(resolve(m.tokenizer))).replace(mask_token_id=0)
+    return architecture_config(m, architecture).replace(mask_token_id=0)
 
 
 def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:

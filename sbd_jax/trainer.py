@@ -70,16 +70,21 @@ def run_options(m: ml_collections.ConfigDict) -> dict[str, Any]:
     return dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers, remat=m.remat, attention=m.attention)
 
 
-def architecture_config(m: ml_collections.ConfigDict, architecture: dict | None, tokenizer: Any) -> ModelConfig:
+def architecture_config(m: ml_collections.ConfigDict, architecture: dict | None,
+                        tokenizer: Any = None) -> ModelConfig:
     """The ModelConfig of a model trained from scratch: `architecture` (ModelConfig fields; rope_scaling
-    as a dict), its vocabulary size and EOS ids taken from the tokenizer where it leaves them out."""
+    as a dict), its vocabulary size and EOS ids taken from the tokenizer where it leaves them out (the
+    tokenizer `m.tokenizer` names is read only when the vocabulary size is missing and none is given)."""
     if not architecture:
         raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
     arch = dict(architecture)
     if arch.get("rope_scaling"):
         arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
-    arch.setdefault("vocab_size", len(tokenizer))
-    arch.setdefault("eos_token_ids", (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
+    if tokenizer is None and "vocab_size" not in arch:
+        tokenizer = load_tokenizer(resolve(m.tokenizer))
+    if tokenizer is not None:
+        arch.setdefault("vocab_size", len(tokenizer))
+        arch.setdefault("eos_token_ids", (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
     return ModelConfig(**arch, **run_options(m))
 
 

@@ -167,11 +167,12 @@ def main(argv: list[str]) -> None:
 
     def timed(stage, fn, *a):
         began = time.perf_counter()
-        value = fn(*a)
-        seconds[stage] += time.perf_counter() - began
-        with open(seconds_path, "w") as f:
-            json.dump(seconds, f)
-        return value
+        try:
+            return fn(*a)
+        finally:  # an interrupted invocation (SIGTERM, an error) still counts its time
+            seconds[stage] += time.perf_counter() - began
+            with open(seconds_path, "w") as f:
+                json.dump(seconds, f)
 
     if not os.path.exists(os.path.join(data, "data.json")):
         timed("distill", distill, args.base, data, sizes, dtype)
