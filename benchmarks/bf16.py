@@ -145,7 +145,7 @@ def smollm2_prompts(rows: int):
 def arithmetic_prompts(rows: int):
     from experiments.small_scale.arithmetic import problems
     from experiments.small_scale.evaluate import chat_prompt
-    from experiments.small_scale.run import FULL
+    from experiments.small_scale.config import FULL
 
     test = problems(rows, FULL["max_digits"], 1)  # the study's test seed
     return lambda tokenizer: [chat_prompt(tokenizer, p.question) for p in test]
@@ -167,7 +167,7 @@ def main() -> None:
         result["train"] = train_part(args.steps)
         save_result(name, result)
     if "agreement" in args.parts:
-        from experiments.small_scale.run import FULL
+        from experiments.small_scale.config import FULL
 
         result["agreement"] = [
             agreement("smollm2-135m (untrained mask token 4)", "smollm2-135m", 4, smollm2_prompts(args.rows),

@@ -10,7 +10,6 @@ Prints a table and writes benchmarks/results/decode_<platform>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys

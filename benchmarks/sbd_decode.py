@@ -12,7 +12,6 @@ does not depend on them. Writes benchmarks/results/sbd_decode_<platform>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 

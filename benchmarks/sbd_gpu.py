@@ -103,17 +103,16 @@ def main() -> None:
 
     import jax
 
-    from experiments.small_scale.arithmetic import problems
+    from experiments.small_scale.arithmetic import splits
+    from experiments.small_scale.config import FULL
     from experiments.small_scale.evaluate import Trained, arithmetic_metrics, tokens_per_second
-    from experiments.small_scale.run import FULL
     from sbd_jax.checkpoints.load import load_model
 
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     out = args.out or os.path.join(ROOT, "benchmarks", "results", f"sbd_{jax.devices()[0].platform}.json")
     loaded = load_model(MODEL, dtype=dtype)
     model = Trained("sbd_arith", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
-    seen = frozenset(p.question for p in problems(FULL["train_problems"], FULL["max_digits"], 0))
-    test = problems(FULL["test_problems"], FULL["max_digits"], 1, exclude=seen)
+    test = splits(FULL["train_problems"], FULL["valid_problems"], FULL["test_problems"], FULL["max_digits"]).test
     result = {"command": "python benchmarks/sbd_gpu.py " + " ".join(sys.argv[1:]), "device": str(jax.devices()[0]),
               "jax": jax.__version__, "dtype": dtype, "model": "experiments/small_scale/models/sbd_arith",
               "accuracy": [], "speed": [], "train": None}

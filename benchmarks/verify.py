@@ -64,19 +64,15 @@ def summary(generations, reference) -> dict:
 def arithmetic_part(args) -> dict:
     import jax
 
-    from experiments.small_scale.arithmetic import problems
+    from experiments.small_scale.arithmetic import splits
+    from experiments.small_scale.config import FULL
     from experiments.small_scale.evaluate import chat_prompt, forward_cost_ratio
-    from experiments.small_scale.run import FULL
     from sbd_jax.checkpoints.load import load_model
 
     loaded = load_model(args.model)
     model = loaded._replace(params=jax.device_put(loaded.params))
-    # The study's splits: training problems (seed 0), test (seed 1), validation (seed 2), disjoint.
-    seen = frozenset(p.question for p in problems(FULL["train_problems"], FULL["max_digits"], 0))
-    test_all = problems(FULL["test_problems"], FULL["max_digits"], 1, exclude=seen)
-    valid = problems(FULL["valid_problems"], FULL["max_digits"], 2,
-                     exclude=seen | {p.question for p in test_all})[: args.valid]
-    test = test_all[: args.test]
+    study = splits(FULL["train_problems"], FULL["valid_problems"], FULL["test_problems"], FULL["max_digits"])
+    valid, test = study.valid[: args.valid], study.test[: args.test]
     prompts = {name: [chat_prompt(loaded.tokenizer, p.question) for p in split]
                for name, split in (("valid", valid), ("test", test))}
     longest = max(len(p) for split in prompts.values() for p in split)

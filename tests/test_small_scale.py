@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.small_scale.arithmetic import final_result, problems, with_places, worked_answer
+from experiments.small_scale.arithmetic import final_result, problems, splits, with_places, worked_answer
 from experiments.small_scale.char_tokenizer import save_char_tokenizer
 from sbd_jax.tokenizer import load_tokenizer
 
@@ -39,6 +39,14 @@ def test_heldout_problems_are_unseen():
     test = problems(300, 3, seed=1, exclude=frozenset(p.question for p in train))
     assert len({p.question for p in train}) == 2000
     assert not {p.question for p in train} & {p.question for p in test}
+
+
+def test_the_split_rule_draws_disjoint_reproducible_splits():
+    study = splits(2000, 200, 300, 3)
+    sets = [{p.question for p in split} for split in study]
+    assert [len(s) for s in sets] == [2000, 200, 300] and not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
+    assert study == splits(2000, 200, 300, 3) and study.train == problems(2000, 3, seed=0)
+    assert study.test == problems(300, 3, seed=1, exclude=frozenset(sets[0]))  # the rule the studies ran with
 
 
 def test_char_tokenizer_round_trips_code_and_renders_chats(tmp_path):

@@ -69,3 +69,19 @@ def problems(count: int, max_digits: int, seed: int, exclude: frozenset[str] = f
         if question not in exclude and question not in found:
             found[question] = Problem(question, worked_answer(a, b), a + b, max(len(str(a)), len(str(b))))
     return list(found.values())
+
+
+class Splits(NamedTuple):
+    train: list[Problem]
+    valid: list[Problem]
+    test: list[Problem]
+
+
+def splits(train: int, valid: int, test: int, max_digits: int, seed: int = 0) -> Splits:
+    """The one split rule every study uses: training problems from `seed`, test problems from `seed + 1`
+    and validation problems from `seed + 2`, each excluding those drawn before it, so all are disjoint."""
+    train_set = problems(train, max_digits, seed)
+    seen = frozenset(p.question for p in train_set)
+    test_set = problems(test, max_digits, seed + 1, exclude=seen)
+    valid_set = problems(valid, max_digits, seed + 2, exclude=seen | {p.question for p in test_set})
+    return Splits(train_set, valid_set, test_set)

@@ -13,7 +13,7 @@ import json
 import os
 from typing import NamedTuple
 
-from experiments.small_scale.arithmetic import Problem, problems
+from experiments.small_scale.arithmetic import Problem, splits
 
 STDLIB = os.path.dirname(os.__file__)
 HELDOUT_EVERY = 10
@@ -68,10 +68,7 @@ def build_corpus(out: str, *, train_problems: int, valid_problems: int, test_pro
     """Writes the JSONL files under `out`; sizes are counts of problems and characters of code.
     Training, validation and test problems are disjoint."""
     os.makedirs(out, exist_ok=True)
-    train = problems(train_problems, max_digits, seed)
-    seen = frozenset(p.question for p in train)
-    test = problems(test_problems, max_digits, seed + 1, exclude=seen)
-    valid = problems(valid_problems, max_digits, seed + 2, exclude=seen | {p.question for p in test})
+    train, valid, test = splits(train_problems, valid_problems, test_problems, max_digits, seed)
     train_modules, heldout_modules = stdlib_modules()
     code, heldout_code = _first_chars(train_modules, code_chars), _first_chars(heldout_modules, heldout_code_chars)
     train_files = (_write_jsonl(os.path.join(out, "arithmetic_train.jsonl"), _chats(train)),

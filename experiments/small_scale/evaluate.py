@@ -184,8 +184,8 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from experiments.small_scale.arithmetic import problems
-    from experiments.small_scale.run import FULL
+    from experiments.small_scale.arithmetic import splits
+    from experiments.small_scale.config import FULL
     from sbd_jax.checkpoints.load import load_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,9 +197,8 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load_model(args.model)
     model = Trained(args.model, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
-    # The study's split: training problems drawn with seed 0, test problems with seed 1 excluding them.
-    seen = frozenset(p.question for p in problems(FULL["train_problems"], FULL["max_digits"], 0))
-    test = problems(FULL["test_problems"], FULL["max_digits"], 1, exclude=seen)[: args.problems]
+    test = splits(FULL["train_problems"], FULL["valid_problems"], FULL["test_problems"], FULL["max_digits"]).test
+    test = test[: args.problems]
     grid = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
     grid += [dict(mode="sbd", block_size=k, gamma=g, proxy="entropy", verify=v)
              for k in args.block_size for g in args.gamma for v in ((False, True) if args.verify else (False,))]

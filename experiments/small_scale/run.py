@@ -26,15 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-from experiments.small_scale.config import get_config, stable_steps  # noqa: E402
+from experiments.small_scale.config import FULL, SMOKE, get_config, stable_steps  # noqa: E402
 
-FULL = dict(ntp_steps=1200, scratch_steps=600, budgets=(600, 1200, 2400), batch_size=16, seq_len=128,
-            train_problems=40000, valid_problems=500, test_problems=2000, max_digits=5, code_chars=500_000,
-            heldout_code_chars=100_000, max_new_tokens=72, block_sizes=(4, 8, 16),
-            gammas=(0.0, 0.1, 0.35, 0.6, 1.0), speed_problems=64, speed_repeats=3)
-SMOKE = dict(ntp_steps=6, scratch_steps=4, budgets=(10, 20), batch_size=4, seq_len=64, train_problems=300,
-             valid_problems=8, test_problems=12, max_digits=3, code_chars=6000, heldout_code_chars=3000,
-             max_new_tokens=40, block_sizes=(2, 4), gammas=(0.0, 1.0), speed_problems=4, speed_repeats=1)
 
 
 def model_plan(sizes: dict) -> list[tuple[str, str, int]]:

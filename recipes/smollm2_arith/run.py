@@ -47,13 +47,11 @@ def plain_prompt(tokenizer, question: str) -> list[int]:
 
 def write_data(out: str, sizes: dict) -> dict:
     """Training problems as prompt/completion JSONL; validation and test problems disjoint from them."""
-    from experiments.small_scale.arithmetic import problems
+    from experiments.small_scale.arithmetic import splits
 
     os.makedirs(out, exist_ok=True)
-    train = problems(sizes["train_problems"], sizes["max_digits"], seed=0)
-    seen = frozenset(p.question for p in train)
-    test = problems(sizes["test_problems"], sizes["max_digits"], seed=1, exclude=seen)
-    valid = problems(sizes["valid_problems"], sizes["max_digits"], seed=2, exclude=seen | {p.question for p in test})
+    train, valid, test = splits(sizes["train_problems"], sizes["valid_problems"], sizes["test_problems"],
+                                sizes["max_digits"])
     path = os.path.join(out, "train.jsonl")
     with open(path, "w") as f:
         f.writelines(json.dumps({"prompt": p.question + "=", "completion": p.answer}) + "\n" for p in train)
