@@ -272,9 +272,10 @@ class Snapshot:
         return self._state
 
 
-def host_batches(files: Sequence[str], tokenizer: Any, seq_len: int, global_batch: int, seed: int, num_steps: int,
+def host_batches(files: Sequence[str], tokenizer: Any, *, seq_len: int, global_batch: int, seed: int, num_steps: int,
                  shards: int, workers: int, host: int, hosts: int) -> HostBatches:
-    """The stream of this host's share of every global batch (see the module docstring)."""
+    """The stream of this host's share of every global batch (see the module docstring). The sizes are
+    keyword-only: eight integers in a row would let a swap pass unnoticed."""
     shards = shards or hosts
     if shards % hosts:
         raise UserError(f"data.shards={shards} is not a multiple of the {hosts} hosts: each host reads whole shards")

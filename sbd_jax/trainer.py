@@ -107,8 +107,9 @@ class Trainer:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
         self.iterator = streaming.host_batches(
-            cfg.data.files, self.tokenizer, cfg.data.seq_len, cfg.train.batch_size, cfg.seed, cfg.train.steps,
-            cfg.data.shards, cfg.data.workers, jax.process_index(), jax.process_count())
+            cfg.data.files, self.tokenizer, seq_len=cfg.data.seq_len, global_batch=cfg.train.batch_size,
+            seed=cfg.seed, num_steps=cfg.train.steps, shards=cfg.data.shards, workers=cfg.data.workers,
+            host=jax.process_index(), hosts=jax.process_count())
         self.model = Transformer(self.config, mesh=self.mesh)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
         self.state = self._sharded_state(params)
