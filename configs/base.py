@@ -67,6 +67,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 50
     c.checkpoint.keep = 3
+    c.checkpoint.keep_period = 0  # > 0: also keep every checkpoint whose step is a multiple of it (milestones)
     c.checkpoint.async_save = True
     return c
 

@@ -58,6 +58,9 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise UserError(f"init_from={cfg.init_from!r} holds no checkpoints/ directory: give another run's workdir")
     if cfg.data.shards < 0 or cfg.data.workers < 0:
         raise UserError(f"data.shards={cfg.data.shards} and data.workers={cfg.data.workers} must be >= 0")
+    if cfg.checkpoint.get("keep_period", 0) < 0:
+        raise UserError(f"checkpoint.keep_period={cfg.checkpoint.keep_period} must be >= 0 (0: keep only the last "
+                        "checkpoint.keep)")
     if cfg.train.log_every < 1:
         raise UserError(f"train.log_every={cfg.train.log_every} must be >= 1 (steps between metric fetches)")
     if cfg.train.batch_size % cfg.train.grad_accum:
@@ -171,6 +174,7 @@ class Trainer:
 
         ck = self.cfg.checkpoint
         options = ocp.CheckpointManagerOptions(save_interval_steps=ck.every, max_to_keep=ck.keep,
+                                               keep_period=ck.get("keep_period") or None,
                                                enable_async_checkpointing=ck.async_save)
         path = os.path.abspath(os.path.join(workdir or self.workdir, "checkpoints"))
         return ocp.CheckpointManager(path, options=options)

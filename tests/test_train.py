@@ -175,6 +175,14 @@ def test_sigterm_saves_the_finished_step_and_a_rerun_continues_from_it(tmp_path)
 
 
 @requires_smollm2
+def test_keep_period_keeps_milestones_beyond_the_latest_checkpoints(tmp_path):
+    cfg = quick_config(train__steps=8, checkpoint__every=2, checkpoint__keep=1, checkpoint__keep_period=4)
+    cfg.export_hf = False
+    Trainer(cfg, str(tmp_path)).run()
+    assert sorted(map(int, os.listdir(tmp_path / "checkpoints"))) == [4, 8]  # 2 and 6 rotated out
+
+
+@requires_smollm2
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     # Warmup makes step 1's learning rate 0; step 2's (1e30) blows the weights up, so step 3 is not finite.
     cfg = quick_config(train__steps=6, train__log_every=1, checkpoint__every=1, optimizer__lr=1e30,

@@ -83,6 +83,7 @@ def training_config(config: str, base: str, data: str, sizes: dict, dtype: str):
         cfg.optimizer.warmup_steps = max(cfg.train.steps // 10, 1)
     cfg.checkpoint.every = max(cfg.train.steps // sizes["milestones"], 1)
     cfg.checkpoint.keep = sizes["milestones"] + 1
+    cfg.checkpoint.keep_period = cfg.checkpoint.every  # milestones outlive the saves a SIGTERM adds
     return cfg
 
 
@@ -95,7 +96,8 @@ def train(cfg, workdir: str) -> dict:
     trainer.run()
     seconds = time.perf_counter() - began
     milestones = {}
-    for step in sorted(trainer.checkpoint_manager().all_steps()):
+    every, total = cfg.checkpoint.every, cfg.train.steps
+    for step in sorted(s for s in trainer.checkpoint_manager().all_steps() if s % every == 0 or s == total):
         path = os.path.join(workdir, f"hf_{step}")
         if not os.path.exists(os.path.join(path, "config.json")):
             trainer.export_checkpoint(step, path)
