@@ -4,9 +4,9 @@
     outs = model.generate(["What is 2+2?"], chat=True, mode="sbd", block_size=8, verify=True, max_new_tokens=64)
 """
 
-from sbd_jax.api import Completion, SBDModel, Settings, load
+from sbd_jax.api import SBDModel, Settings, load
 from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
 
-__all__ = ["Completion", "ModelConfig", "SBDModel", "Settings", "Transformer", "UserError", "init_params", "load"]
+__all__ = ["ModelConfig", "SBDModel", "Settings", "Transformer", "UserError", "init_params", "load"]

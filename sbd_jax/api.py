@@ -15,9 +15,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from sbd_jax.decoders import (DEFAULT_GAMMA, Decoder, check_block_size, check_decoding_options, check_gamma,
-                              check_proxy)
+import jax
+
+from sbd_jax.decoders import (DEFAULT_GAMMA, Decoder, NTPDecoder, check_block_size, check_decoding_options,
+                              check_gamma, check_proxy)
 from sbd_jax.errors import UserError
+from sbd_jax.sampler import Executables, Generation, generate
+from sbd_jax.sbd_decoder import SBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
 MODES = ("ntp", "sbd")
 
@@ -59,10 +64,6 @@ class Settings:
 
     def decoder(self, config: Any) -> Decoder:
         """The decoder that runs these settings for a model of `config`; it stops at the model's EOS ids."""
-        from sbd_jax.decoders import NTPDecoder
-        from sbd_jax.sbd_decoder import SBDDecoder
-        from sbd_jax.verified_decoder import VerifiedSBDDecoder
-
         common = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                       eos_ids=config.eos_token_ids)
         if self.mode == "ntp":
@@ -70,28 +71,6 @@ class Settings:
         if self.verify:
             return VerifiedSBDDecoder(config, block_size=self.block_size, **common)
         return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)
-
-
-@dataclasses.dataclass(frozen=True)
-class Completion:
-    """One prompt's generation."""
-
-    text: str  # special tokens skipped
-    token_ids: list[int]  # generated ids, up to and including the first EOS
-    nfe: int  # decoding forward passes (prefill excluded); NTP: one per token
-    reveal_pass: list[int]  # per token, the pass that produced it (verified: accepted it)
-    corrected: list[bool]  # verified: per token, NTP's correction of a rejected draft
-    drafted: int  # verified: drafted tokens submitted for verification
-    accepted: int  # verified: of those, accepted
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return len(self.token_ids) / max(self.nfe, 1)
-
-    @property
-    def accepted_fraction(self) -> float:
-        """Verified: accepted / drafted tokens (0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
 
 
 class SBDModel:
@@ -102,10 +81,6 @@ class SBDModel:
     prefill and decode seconds."""
 
     def __init__(self, config: Any, params: Any, tokenizer: Any, capacity: int = 16):
-        import jax
-
-        from sbd_jax.sampler import Executables
-
         self.config, self.tokenizer = config, tokenizer
         self.params = jax.device_put(params)
         self.executables = Executables(capacity)
@@ -118,14 +93,13 @@ class SBDModel:
         return encode_prompt(self.tokenizer, prompt, chat)
 
     def generate(self, prompts: str | Sequence[str], settings: Settings | None = None, *, chat: bool = False,
-                 seed: int = 0, max_cache_len: int | None = None, **options: Any) -> list[Completion]:
-        """Generates for a batch of prompts (one string: a batch of one), one `Completion` each.
+                 seed: int = 0, max_cache_len: int | None = None, **options: Any) -> list[Generation]:
+        """Generates for a batch of prompts (one string: a batch of one), one `Generation` each (its
+        `text`, `token_ids`, `nfe`, `tokens_per_pass`; verified: `drafted`, `accepted`, `corrected`).
 
         Give `settings`, or their fields as keywords (`mode="sbd", block_size=8, verify=True, ...`).
         `chat` wraps each prompt as a user turn; `max_cache_len` caps the KV cache (default: the
         model's context)."""
-        from sbd_jax.sampler import generate
-
         if settings is None:
             settings = Settings(**options)
         elif options:
@@ -135,9 +109,7 @@ class SBDModel:
         generations, self.last_timing = generate(settings.decoder(self.config), self.params, ids, seed=seed,
                                                  max_cache_len=max_cache_len, gamma=settings.entropy_budget,
                                                  executables=self.executables)
-        return [Completion(text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True), token_ids=g.token_ids,
-                           nfe=g.nfe, reveal_pass=g.reveal_pass, corrected=g.corrected, drafted=g.drafted,
-                           accepted=g.accepted) for g in generations]
+        return [g._replace(text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
 
 
 def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None) -> SBDModel:

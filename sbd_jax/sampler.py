@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import functools
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,11 @@ class Generation(NamedTuple):
     corrected: list[bool] = []  # verified SBD: per token, NTP's correction of a rejected draft
     drafted: int = 0  # verified SBD: drafted tokens submitted for verification
     accepted: int = 0  # verified SBD: of those, accepted
+    text: str = ""  # the decoded token ids (special tokens skipped), where a tokenizer was at hand
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return len(self.token_ids) / max(self.nfe, 1)
 
     @property
     def accepted_fraction(self) -> float:
@@ -89,12 +94,12 @@ class Executables:
         self.capacity = capacity
         self._compiled: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
 
-    def get(self, fn: Any, key: tuple, *args: Any, **static: Any) -> Any:
-        """The compiled `fn` for `key`, compiling it (for `args` and `static`) on first use."""
+    def get(self, key: tuple, lower: Callable[[], Any]) -> Any:
+        """The executable for `key`; on first use `lower()` (a lowered function, built only then) is compiled."""
         if key in self._compiled:
             self._compiled.move_to_end(key)
         else:
-            self._compiled[key] = fn.lower(*args, **static).compile()
+            self._compiled[key] = lower().compile()
             if len(self._compiled) > self.capacity:
                 self._compiled.popitem(last=False)
         return self._compiled[key]
@@ -118,12 +123,16 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
                                             decoder.config, decoder.output_label, pad_to)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
     start = time.perf_counter()
-    prefill = executables.get(type(decoder).prefill, ("prefill", decoder, tokens.shape, capacity), decoder,
-                              *prefill_args, capacity=capacity)
-    cache_shape, last_shape = jax.eval_shape(
-        functools.partial(type(decoder).prefill, decoder, capacity=capacity), *prefill_args)
-    decode = executables.get(type(decoder).decode, ("decode", decoder, tokens.shape, capacity), decoder,
-                             params, cache_shape, last_shape, jax.random.key(seed), knobs)
+    prefill_fn = type(decoder).prefill
+    prefill = executables.get(("prefill", decoder, tokens.shape, capacity),
+                              lambda: prefill_fn.lower(decoder, *prefill_args, capacity=capacity))
+
+    def lower_decode() -> Any:  # traced only when it must compile: the cache's shapes come from prefill
+        cache_shape, last_shape = jax.eval_shape(functools.partial(prefill_fn, decoder, capacity=capacity),
+                                                 *prefill_args)
+        return type(decoder).decode.lower(decoder, params, cache_shape, last_shape, jax.random.key(seed), knobs)
+
+    decode = executables.get(("decode", decoder, tokens.shape, capacity), lower_decode)
     compile_seconds = time.perf_counter() - start
 
     start = time.perf_counter()
