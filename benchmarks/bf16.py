@@ -1,6 +1,6 @@
 """bfloat16 compute against float32, in training and in decoding, measured in one run.
 
-    python benchmarks/bf16.py [--steps 100] [--rows 32]
+    python -m benchmarks.bf16 [--steps 100] [--rows 32]
 
 Part 1 (train): configs/tiny.py from the same random init over the same batches, once in float32 and
 once with bf16 compute (`model.dtype="bfloat16"`: matmul inputs and activations in bf16, master weights
@@ -22,12 +22,10 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from benchmarks import save_result
+from sbd_jax.evaluation.scoring import first_difference
 
-from recipes.smollm2_sbd.eval import first_difference  # noqa: E402
-from timing import save_result  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DTYPES = ("float32", "bfloat16")
 
@@ -143,11 +141,10 @@ def smollm2_prompts(rows: int):
 
 
 def arithmetic_prompts(rows: int):
-    from experiments.small_scale.arithmetic import problems
-    from experiments.small_scale.evaluate import chat_prompt
-    from experiments.small_scale.config import FULL
+    from sbd_jax.evaluation.arithmetic import STUDY, problems
+    from sbd_jax.evaluation.measure import chat_prompt
 
-    test = problems(rows, FULL["max_digits"], 1)  # the study's test seed
+    test = problems(rows, STUDY["max_digits"], 1)  # the study's test seed
     return lambda tokenizer: [chat_prompt(tokenizer, p.question) for p in test]
 
 
@@ -161,19 +158,19 @@ def main() -> None:
 
     import jax
 
-    result = {"command": "python benchmarks/bf16.py " + " ".join(sys.argv[1:]), "device": str(jax.devices()[0])}
+    result = {"command": "python -m benchmarks.bf16 " + " ".join(sys.argv[1:]), "device": str(jax.devices()[0])}
     name = f"bf16_{jax.devices()[0].platform}"
     if "train" in args.parts:
         result["train"] = train_part(args.steps)
         save_result(name, result)
     if "agreement" in args.parts:
-        from experiments.small_scale.config import FULL
+        from sbd_jax.evaluation.arithmetic import STUDY
 
         result["agreement"] = [
             agreement("smollm2-135m (untrained mask token 4)", "smollm2-135m", 4, smollm2_prompts(args.rows),
                       args.new_tokens),
             agreement("small-scale SBD model", os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"),
-                      None, arithmetic_prompts(args.rows), FULL["max_new_tokens"]),
+                      None, arithmetic_prompts(args.rows), STUDY["max_new_tokens"]),
         ]
     print(f"wrote {save_result(name, result)}")
 

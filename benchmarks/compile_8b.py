@@ -1,6 +1,6 @@
 """Lower and compile the SBD train step of the 8B configs on simulated devices; report per-device memory.
 
-    python benchmarks/compile_8b.py [--config configs/llama3_8b.py] [--devices 8] [--micro-batch 8]
+    python -m benchmarks.compile_8b [--config configs/llama3_8b.py] [--devices 8] [--micro-batch 8]
 
 No weights are loaded: parameter and optimizer shapes come from `jax.eval_shape`. The memory figures
 are XLA's own accounting of the compiled executable for one device (arguments, outputs, temporaries),
@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sbd_jax.evaluation.results import write_json
 
-from timing import write_json  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: int | None = None) -> dict:
@@ -27,14 +24,15 @@ def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: in
 
     from sbd_jax import sharding
     from sbd_jax.config_files import load_config_file
-    from sbd_jax.lower import model_config, train_step_inputs
+    from sbd_jax.lower import model_config, train_config, train_step_inputs
 
     cfg, architecture = load_config_file(config_path)
     if seq_len:
         cfg.data.seq_len = seq_len
     # memory is per micro-batch; accumulation only adds a grads-sized buffer
     cfg.train.batch_size, cfg.train.grad_accum = micro_batch, 1
-    config = model_config(cfg, architecture)
+    cfg = train_config(cfg, architecture)
+    config = model_config(cfg)
     mesh = sharding.make_mesh(tuple(cfg.mesh), jax.devices()[:devices])
     step, args = train_step_inputs(cfg, config, mesh)
     params = args[0].params

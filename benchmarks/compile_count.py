@@ -1,7 +1,7 @@
 """Compiles of the SBD train step for block sizes 2..16: one per size (the trainer before 2026-12-01)
 against one traced-size step (the trainer now), counted and timed in one run.
 
-    python benchmarks/compile_count.py [--shape tiny|smollm2] [--batch 8] [--seq-len 128]
+    python -m benchmarks.compile_count [--shape tiny|smollm2] [--batch 8] [--seq-len 128]
 
 Counts XLA backend compiles of the train step with `jax.monitoring` (not the code's own bookkeeping)
 and sums their seconds. Writes benchmarks/results/compile_count_<shape>_<platform>.json.
@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -30,8 +27,8 @@ def main() -> None:
 
     import jax
 
-    from timing import save_result
-    from train_step import compiled_step, model_configs
+    from benchmarks import save_result
+    from benchmarks.train_step import compiled_step, model_configs
 
     events: list[float] = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -39,7 +36,7 @@ def main() -> None:
         if name == EVENT and "train_step" in fun_name else None)
     _, config = next(model_configs([args.shape]))
     result = {"shape": args.shape, "batch": args.batch, "seq_len": args.seq_len, "device": str(jax.devices()[0]),
-              "jax": jax.__version__, "command": f"python benchmarks/compile_count.py --shape {args.shape} "
+              "jax": jax.__version__, "command": f"python -m benchmarks.compile_count --shape {args.shape} "
                                                 f"--batch {args.batch} --seq-len {args.seq_len}"}
     for name, sizes in (("one_step_per_block_size", list(range(2, 17))), ("one_traced_step", [None])):
         start, began = len(events), time.perf_counter()

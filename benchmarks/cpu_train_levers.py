@@ -1,6 +1,6 @@
 """What makes an SBD training step of SmolLM2-135M fastest on this CPU, before a CPU budget is spent on it.
 
-    python benchmarks/cpu_train_levers.py [--repeats 3] [--levers baseline remat_dots ...]
+    python -m benchmarks.cpu_train_levers [--repeats 3] [--levers baseline remat_dots ...]
 
 One row per lever, each against the same baseline (float32, batch 8 x L = 128, no remat, unrolled
 layers, attention `auto`): remat policies, scanned layers, the batch / sequence-length split of the
@@ -22,11 +22,9 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sbd_jax.evaluation.results import write_json
 
-from timing import write_json  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 BASE = dict(batch=8, seq_len=128, remat="none", scan_layers=False, objective="sbd")
@@ -48,12 +46,13 @@ FLAG_SETS = {
 def measure(lever: dict, repeats: int) -> dict:
     import jax
 
-    from train_step import compiled_step, model_configs, time_compiled
+    from benchmarks.train_step import compiled_step, model_configs, time_compiled
 
     setting = dict(BASE, **lever)
     _, config = next(model_configs(["smollm2"]))
-    config = config.replace(remat=setting["remat"], scan_layers=setting["scan_layers"])
-    compiled, args = compiled_step(config, setting["objective"], setting["batch"], setting["seq_len"])
+    config = config.replace(scan_layers=setting["scan_layers"])
+    compiled, args = compiled_step(config, setting["objective"], setting["batch"], setting["seq_len"],
+                                   remat=setting["remat"])
     seconds = time_compiled(compiled, args, repeats, donate=True)
     params = sum(x.size for x in jax.tree.leaves(args[0].params))
     tokens = setting["batch"] * setting["seq_len"]
@@ -101,7 +100,7 @@ def main() -> None:
         row["speedup_vs_baseline"] = base / row["step_s"] * (row["batch"] * row["seq_len"]) / (
             BASE["batch"] * BASE["seq_len"])  # per token, so batch/length rows compare fairly
         row["fraction_of_peak"] = row["achieved_flops_per_s"] / peak
-    command = f"python benchmarks/cpu_train_levers.py --repeats {args.repeats}"
+    command = f"python -m benchmarks.cpu_train_levers --repeats {args.repeats}"
     if args.levers:
         result = json.load(open(out))
         result["remeasured"] = {"command": command + " --levers " + " ".join(args.levers),

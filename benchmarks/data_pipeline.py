@@ -1,6 +1,6 @@
 """The streamed data pipeline on a large JSONL corpus: packed tokens/s and peak host memory.
 
-    python benchmarks/data_pipeline.py [--gib 2] [--small-gib 0.25] [--batches 200] [--workers 2]
+    python -m benchmarks.data_pipeline [--gib 2] [--small-gib 0.25] [--batches 200] [--workers 2]
 
 Writes corpora of `--small-gib` and `--gib` GiB of JSONL documents (made-up words of Zipf-like
 frequency, 1-9 KB each; 20,000 distinct documents cycled with distinct numbers) to a temp dir, streams `--batches` global batches of the Llama-3-8B config's shape (rows of 4096
@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from timing import save_result  # noqa: E402
-from sbd_jax import streaming  # noqa: E402
-from sbd_jax.roofline import HARDWARE, MODELS, training_flops_per_token  # noqa: E402
+from benchmarks import save_result
+from sbd_jax import streaming
+from sbd_jax.roofline import HARDWARE, MODELS, training_flops_per_token
+from sbd_jax.train_config import DataConfig
 
 ASSUMED_MFU = 0.40
 
@@ -87,8 +84,9 @@ def measure(path: str, tokenizer, batches: int, workers: int, global_batch: int,
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    stream = streaming.host_batches([path], tokenizer, seq_len=seq_len, global_batch=global_batch, seed=0,
-                                    num_steps=batches, shards=1, workers=workers, host=0, hosts=1)
+    data = DataConfig(files=(path,), seq_len=seq_len, shards=1, workers=workers)
+    stream = streaming.host_batches(data, tokenizer, global_batch=global_batch, seed=0, num_steps=batches, host=0,
+                                    hosts=1)
     first = next(stream)  # worker start-up and the first window are not steady-state throughput
     began, tokens = time.perf_counter(), 0
     for _ in range(batches):

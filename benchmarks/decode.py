@@ -1,6 +1,6 @@
 """NTP decode speed: sbd_jax vs transformers' `generate`, same model, prompts and lengths, one run.
 
-    python benchmarks/decode.py [--model smollm2-135m] [--new-tokens 64] [--batches 1 8] [--repeats 3]
+    python -m benchmarks.decode [--model smollm2-135m] [--new-tokens 64] [--batches 1 8] [--repeats 3]
 
 Both sides decode exactly `--new-tokens` tokens per row greedily (EOS ignored, so the work is equal)
 and are timed end to end, prefill included; best of `--repeats`. Our compile time is reported apart.
@@ -12,13 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from timing import write_json  # noqa: E402
+from sbd_jax.evaluation.results import write_json
 
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",

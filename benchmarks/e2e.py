@@ -1,6 +1,6 @@
 """End-to-end decode time, NTP vs SBD, same model and prompts: tokens/s, NFE, and the roofline's view.
 
-    python benchmarks/e2e.py [--model smollm2-135m] [--mask-token-id 4] [--batches 1 8] [--gammas 0.35]
+    python -m benchmarks.e2e [--model smollm2-135m] [--mask-token-id 4] [--batches 1 8] [--gammas 0.35]
                              [--block-size 16] [--max-new-tokens 128]
 
 Both modes decode the same chat prompts greedily (EOS stops a row); time is prefill + decode of the
@@ -17,15 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
+
+from benchmarks.decode import PROMPTS
+from benchmarks.forward_cost import hardware_for, model_config
+from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from decode import PROMPTS  # noqa: E402
-from timing import write_json  # noqa: E402
-from forward_cost import hardware_for, model_config  # noqa: E402
 
 
 def plan(batches, gammas, verify: bool, repeats: int, compile_seconds: float) -> dict:
@@ -70,12 +67,12 @@ def main() -> None:
     import numpy as np
 
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.decoders import NTPDecoder
     from sbd_jax.model import init_params
     from sbd_jax.roofline import MODELS, ModelShape, speedup
-    from sbd_jax.decoders import NTPDecoder
     from sbd_jax.sbd_decoder import SBDDecoder
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
     from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
     if args.random:
         config, _ = model_config(args.model, args.dtype)

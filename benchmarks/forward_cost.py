@@ -1,6 +1,6 @@
 """Measured time(k)/time(1) of our block forward against a KV cache, beside the roofline's prediction.
 
-    python benchmarks/forward_cost.py [--model smollm2-135m] [--dtype float32] [--ks 1 2 4 8 16]
+    python -m benchmarks.forward_cost [--model smollm2-135m] [--dtype float32] [--ks 1 2 4 8 16]
                                       [--batches 1 8] [--kv 1024 4096] [--max-cache-gib 4]
 
 Random weights of the chosen shape (timing needs no trained weights). For each (batch, kv) point every
@@ -22,13 +22,11 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
+
+from sbd_jax.evaluation.measure import median_seconds
+from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from timing import median_seconds, write_json  # noqa: E402
 
 
 def measured_cpu(weight_bytes: float):

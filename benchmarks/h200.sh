@@ -28,9 +28,9 @@ if ! python3 -c "import grain, ml_collections" 2>/dev/null && compgen -G ".whl/*
 fi
 mode="${1:-}"
 if [[ "$mode" == "--dry-run" ]]; then
-  python3 benchmarks/forward_cost.py --dry-run --model llama3-8b --ks 1 2 4 8 16 32 64 --batches 1 8 \
+  python3 -m benchmarks.forward_cost --dry-run --model llama3-8b --ks 1 2 4 8 16 32 64 --batches 1 8 \
     --kv 1024 4096 16384 --repeats 10 --compile-seconds 6
-  python3 benchmarks/sbd_gpu.py --dry-run
+  python3 -m benchmarks.sbd_gpu --dry-run
   echo "plan assumptions: ~6 s per compile of the scanned 8B forward, ~3 s per small-scale decoder compile;" \
        "start-up of the machine (1-2 min) counts against the 15-minute budget but not against this command"
   exit 0
@@ -51,14 +51,14 @@ stage() {  # stage NAME SECONDS COMMAND...: runs under its own timeout; never st
 }
 
 if [[ "$mode" == "--smoke" ]]; then
-  stage preflight 60 python3 benchmarks/preflight.py --out "${prefix}_preflight.json"
-  stage forward_cost 300 python3 benchmarks/forward_cost.py --model smollm2-135m --ks 1 2 --batches 1 --kv 64 \
+  stage preflight 60 python3 -m benchmarks.preflight --out "${prefix}_preflight.json"
+  stage forward_cost 300 python3 -m benchmarks.forward_cost --model smollm2-135m --ks 1 2 --batches 1 --kv 64 \
     --repeats 1 --out "${prefix}_forward_cost.json"
-  stage sbd 600 python3 benchmarks/sbd_gpu.py --smoke --out "${prefix}_sbd.json"
+  stage sbd 600 python3 -m benchmarks.sbd_gpu --smoke --out "${prefix}_sbd.json"
 else
-  stage preflight 40 python3 benchmarks/preflight.py --out "${prefix}_preflight.json"
-  stage sbd 220 python3 benchmarks/sbd_gpu.py --out "${prefix}_sbd.json"
-  stage forward_cost 270 python3 benchmarks/forward_cost.py --model llama3-8b --dtype bfloat16 \
+  stage preflight 40 python3 -m benchmarks.preflight --out "${prefix}_preflight.json"
+  stage sbd 220 python3 -m benchmarks.sbd_gpu --out "${prefix}_sbd.json"
+  stage forward_cost 270 python3 -m benchmarks.forward_cost --model llama3-8b --dtype bfloat16 \
     --ks 1 2 4 8 16 32 64 --batches 1 8 --kv 1024 4096 16384 --max-cache-gib 40 --repeats 10 \
     --out "${prefix}_forward_cost_llama3_8b.json"
 fi

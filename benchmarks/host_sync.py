@@ -1,7 +1,7 @@
 """Does dispatch run ahead? Steps/s of the compiled train step with a metric fetch after every step
 (the old loop) against a fetch every `--log-every` steps (the trainer's loop now), interleaved.
 
-    python benchmarks/host_sync.py [--shape tiny] [--steps 60] [--log-every 10] [--rounds 3]
+    python -m benchmarks.host_sync [--shape tiny] [--steps 60] [--log-every 10] [--rounds 3]
 
 A small model is where a per-step host sync costs most: its step is short, so the host's wait for the
 result, the transfer and the next dispatch are a larger share. Writes benchmarks/results/host_sync_<platform>.json.
@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def steps_per_second(compiled, args, steps: int, fetch_every: int) -> float:
@@ -52,8 +49,8 @@ def main() -> None:
 
     import jax
 
-    from timing import save_result
-    from train_step import compiled_step, model_configs
+    from benchmarks import save_result
+    from benchmarks.train_step import compiled_step, model_configs
 
     _, config = next(model_configs([args.shape]))
     compiled, example = compiled_step(config, "sbd", args.batch, args.seq_len)
@@ -69,7 +66,7 @@ def main() -> None:
     result = {"device": str(device), "cpu_count": os.cpu_count(), "jax": jax.__version__, "shape": args.shape,
               "batch": args.batch, "seq_len": args.seq_len, "steps_per_round": args.steps, "rounds": rates,
               "median_steps_per_s": medians, "speedup": ratio,
-              "command": f"python benchmarks/host_sync.py --shape {args.shape} --steps {args.steps} "
+              "command": f"python -m benchmarks.host_sync --shape {args.shape} --steps {args.steps} "
                          f"--log-every {args.log_every} --rounds {args.rounds}"}
     for name, value in medians.items():
         print(f"{name:>20}: {value:.1f} steps/s")

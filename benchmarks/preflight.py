@@ -1,6 +1,6 @@
 """A ~10 s check that a GPU run can start: versions, devices, a tiny jitted layer, the GPU's clocks.
 
-    python benchmarks/preflight.py --out results/preflight.json
+    python -m benchmarks.preflight --out results/preflight.json
 
 Written first by benchmarks/h200.sh, so even a run that fails later says what it ran on.
 """
@@ -14,14 +14,11 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sbd_jax.evaluation.results import write_json
 
-from timing import write_json  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "tokenizers", "safetensors",
             "grain", "ml-collections", "gguf", "numpy", "torch")

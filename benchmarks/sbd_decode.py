@@ -1,6 +1,6 @@
 """Cost of SBD passes on a real model: a k-token block pass vs a 1-token NTP step, and the EB rule's share.
 
-    python benchmarks/sbd_decode.py [--model smollm2-135m] [--context 256] [--ks 2 4 8 16] [--batches 1 8]
+    python -m benchmarks.sbd_decode [--model smollm2-135m] [--context 256] [--ks 2 4 8 16] [--batches 1 8]
 
 For each batch and k, times (median of --repeats, each call synchronised) the jitted forwards of the
 decoders on a cache holding `--context` tokens: the NTP step (1 token), the SBD refine pass (k tokens,
@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from timing import median_seconds, write_json  # noqa: E402
+from sbd_jax.evaluation.measure import median_seconds
+from sbd_jax.evaluation.results import write_json
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """A trained SBD model on the machine at hand (written for one H200): accuracy, tokens per pass and
 wall-clock tokens/s of NTP, plain SBD and verified SBD at batch 1, 8 and 32, then SBD training throughput.
 
-    python benchmarks/sbd_gpu.py [--dtype bfloat16] [--problems 500] [--batches 1 8 32] [--train-steps 200]
-    python benchmarks/sbd_gpu.py --smoke      # tiny sizes, any machine (the tests run it on CPU)
-    python benchmarks/sbd_gpu.py --dry-run    # the plan: compiles, decode runs, an estimate of minutes
+    python -m benchmarks.sbd_gpu [--dtype bfloat16] [--problems 500] [--batches 1 8 32] [--train-steps 200]
+    python -m benchmarks.sbd_gpu --smoke      # tiny sizes, any machine (the tests run it on CPU)
+    python -m benchmarks.sbd_gpu --dry-run    # the plan: compiles, decode runs, an estimate of minutes
 
 The model is the small-scale study's shipped SBD model (experiments/small_scale/models/sbd_arith, 3 MB,
 trained on this project's CPUs on worked-step addition and code); SmolLM2's 98 MB GGUF does not fit the
@@ -25,11 +25,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from sbd_jax.evaluation.results import write_json
 
-from timing import write_json  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODEL = os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith")
 BLOCKS = (4, 8, 16)
@@ -56,7 +54,7 @@ def plan(settings: list[dict], batches: list[int], compile_seconds: float) -> di
 def train_throughput(steps: int, dtype: str, batch: int, workdir: str) -> dict:
     """`steps` SBD fine-tuning steps of the model on the task's training problems (chat prompts)."""
     from configs.base import get_base
-    from experiments.small_scale.arithmetic import problems
+    from sbd_jax.evaluation.arithmetic import problems
     from sbd_jax.trainer import Trainer
 
     data = os.path.join(workdir, "train.jsonl")
@@ -103,22 +101,25 @@ def main() -> None:
 
     import jax
 
-    from experiments.small_scale.arithmetic import splits
-    from experiments.small_scale.config import FULL
-    from experiments.small_scale.evaluate import Trained, arithmetic_metrics, tokens_per_second
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.evaluation.arithmetic import STUDY, study_splits
+    from sbd_jax.evaluation.measure import (
+        Trained,
+        arithmetic_metrics,
+        tokens_per_second,
+    )
 
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     out = args.out or os.path.join(ROOT, "benchmarks", "results", f"sbd_{jax.devices()[0].platform}.json")
     loaded = load_model(MODEL, dtype=dtype)
     model = Trained("sbd_arith", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
-    test = splits(FULL["train_problems"], FULL["valid_problems"], FULL["test_problems"], FULL["max_digits"]).test
-    result = {"command": "python benchmarks/sbd_gpu.py " + " ".join(sys.argv[1:]), "device": str(jax.devices()[0]),
+    test = study_splits().test
+    result = {"command": "python -m benchmarks.sbd_gpu " + " ".join(sys.argv[1:]), "device": str(jax.devices()[0]),
               "jax": jax.__version__, "dtype": dtype, "model": "experiments/small_scale/models/sbd_arith",
               "accuracy": [], "speed": [], "train": None}
     began = time.perf_counter()
     for setting in settings:
-        metrics = arithmetic_metrics(model, setting, test[: args.problems], FULL["max_new_tokens"], batch_size=64)
+        metrics = arithmetic_metrics(model, setting, test[: args.problems], STUDY["max_new_tokens"], batch_size=64)
         result["accuracy"].append({**setting, **{k: metrics[k] for k in ("n", "accuracy", "ci95", "tokens_per_pass",
                                                                          "accepted_fraction")}})
         write_json(out, result)
@@ -127,8 +128,8 @@ def main() -> None:
     speed_problems = test[: args.speed_problems]
     for batch in args.batches:
         for setting in settings:
-            tokens_per_second(model, setting, speed_problems[:batch], FULL["max_new_tokens"], batch, 1)  # compile
-            rate, with_prefill = tokens_per_second(model, setting, speed_problems, FULL["max_new_tokens"], batch, 3)
+            tokens_per_second(model, setting, speed_problems[:batch], STUDY["max_new_tokens"], batch, 1)  # compile
+            rate, with_prefill = tokens_per_second(model, setting, speed_problems, STUDY["max_new_tokens"], batch, 3)
             result["speed"].append({**setting, "batch": batch, "problems": len(speed_problems),
                                     "decode_tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill})
             ntp = next(r for r in result["speed"] if r["batch"] == batch and r["mode"] == "ntp")

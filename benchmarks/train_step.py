@@ -1,6 +1,6 @@
 """Training-step cost: the SBD step (2L tokens) vs an NTP-only step on the same L; blockwise vs dense attention.
 
-    python benchmarks/train_step.py [--shapes tiny smollm2] [--batch 4] [--seq-len 256] [--attn-len 4096]
+    python -m benchmarks.train_step [--shapes tiny smollm2] [--batch 4] [--seq-len 256] [--attn-len 4096]
 
 Per model shape: median step time of each objective (jitted, state donated), tokens/s counted on the
 L real tokens of each sequence, their ratio (target <= 2.2: the SBD step carries 2L tokens), and XLA's
@@ -15,14 +15,11 @@ import argparse
 import functools
 import os
 import statistics
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sbd_jax.evaluation.results import write_json
 
-from timing import write_json  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def compiled_memory_gib(compiled) -> float:
@@ -57,29 +54,28 @@ def model_configs(names):
             yield name, load_model("smollm2-135m", with_tokenizer=False).config.replace(vocab_size=49153)
 
 
-def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_size: int | None = 16):
+def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_size: int | None = 16,
+                  attention: str = "auto", remat: str = "none"):
     """(compiled step, its arguments) of one objective on random weights and tokens, state donated.
     `block_size=None`: the trainer's step, the block size a traced argument (2..16)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    from configs.base import get_base
     from sbd_jax.model import Transformer, init_params
     from sbd_jax.objective import Batch
+    from sbd_jax.train_config import OptimizerConfig
     from sbd_jax.train_step import ObjectiveSpec, TrainState, make_optimizer, train_step
 
     config = config.replace(mask_token_id=config.vocab_size - 1)
-    opt = get_base().optimizer
-    opt.lr, opt.warmup_steps = 1e-4, 1
-    tx, schedule = make_optimizer(opt, 1000)
+    tx, schedule = make_optimizer(OptimizerConfig(lr=1e-4, warmup_steps=1), 1000)
     params = init_params(config)
     tokens = np.random.RandomState(0).randint(0, config.vocab_size - 1, (batch_size, seq_len)).astype(np.int32)
     batch = Batch(jnp.asarray(tokens), jnp.ones_like(tokens), jnp.asarray(np.arange(seq_len)[None].repeat(batch_size, 0)),
                   jnp.ones(tokens.shape, bool))
     spec = ObjectiveSpec(kind=objective, mask_id=config.mask_token_id,
                          block_sizes=(2, 16) if block_size is None else None)
-    step = functools.partial(train_step, model=Transformer(config), tx=tx, schedule=schedule, spec=spec)
+    step = functools.partial(train_step, model=Transformer(config, attention=attention, remat=remat), tx=tx, schedule=schedule, spec=spec)
     if block_size is None:
         args = (jax.random.key(0), jnp.int32(16))
     else:
@@ -107,10 +103,10 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
 
     chosen = "blockwise" if uses_blockwise(seq_len) else "reference"
     other = "reference" if chosen == "blockwise" else "blockwise"
-    variants = {"ntp": (config, "ntp", seq_len), "sbd": (config, "sbd", seq_len),
-                "ntp_2L": (config, "ntp", 2 * seq_len),
-                f"sbd_{other}": (config.replace(attention=other), "sbd", seq_len)}
-    compiled = {key: compiled_step(cfg, objective, batch_size, length) for key, (cfg, objective, length) in variants.items()}
+    variants = {"ntp": ("ntp", seq_len, "auto"), "sbd": ("sbd", seq_len, "auto"), "ntp_2L": ("ntp", 2 * seq_len, "auto"),
+                f"sbd_{other}": ("sbd", seq_len, other)}
+    compiled = {key: compiled_step(config, objective, batch_size, length, attention=attention)
+                for key, (objective, length, attention) in variants.items()}
     row = {"shape": name, "batch": batch_size, "seq_len": seq_len, "sbd_attention": chosen,
            "params_million": sum(x.size for x in jax.tree.leaves(compiled["ntp"][1][0].params)) / 1e6}
     states = {key: args[0] for key, (_, args) in compiled.items()}

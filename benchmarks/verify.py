@@ -1,7 +1,7 @@
 """Verified (lossless) SBD against greedy NTP decoding of the same model, measured in one run.
 
-    python benchmarks/verify.py                                    # the small-scale SBD model, then SmolLM2
-    python benchmarks/verify.py --skip-smollm2 --valid 100 --test 300
+    python -m benchmarks.verify                                    # the small-scale SBD model, then SmolLM2
+    python -m benchmarks.verify --skip-smollm2 --valid 100 --test 300
 
 Part 1, the small-scale SBD model (`experiments/small_scale/models/sbd_arith`, trained on worked-step
 addition): for block 4/8/16 (drafts from one pass; γ plays no part under verification), tokens per
@@ -21,12 +21,10 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from benchmarks.decode import PROMPTS as SMOLLM2_PROMPTS
+from sbd_jax.evaluation.results import write_json
 
-from decode import PROMPTS as SMOLLM2_PROMPTS  # noqa: E402
-from timing import write_json  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run(model, prompts, setting, max_new_tokens, batch, longest):
@@ -64,27 +62,26 @@ def summary(generations, reference) -> dict:
 def arithmetic_part(args) -> dict:
     import jax
 
-    from experiments.small_scale.arithmetic import splits
-    from experiments.small_scale.config import FULL
-    from experiments.small_scale.evaluate import chat_prompt, forward_cost_ratio
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.evaluation.arithmetic import STUDY, study_splits
+    from sbd_jax.evaluation.measure import chat_prompt, forward_cost_ratio
 
     loaded = load_model(args.model)
     model = loaded._replace(params=jax.device_put(loaded.params))
-    study = splits(FULL["train_problems"], FULL["valid_problems"], FULL["test_problems"], FULL["max_digits"])
+    study = study_splits()
     valid, test = study.valid[: args.valid], study.test[: args.test]
     prompts = {name: [chat_prompt(loaded.tokenizer, p.question) for p in split]
                for name, split in (("valid", valid), ("test", test))}
     longest = max(len(p) for split in prompts.values() for p in split)
     batch = 64  # accuracy runs: batched, the output does not depend on the batch
-    ntp = {name: run(model, p, {"mode": "ntp"}, FULL["max_new_tokens"], batch, longest)[0]
+    ntp = {name: run(model, p, {"mode": "ntp"}, STUDY["max_new_tokens"], batch, longest)[0]
            for name, p in prompts.items()}
     rows = []
     for k in args.blocks:
         setting = {"mode": "verified", "block_size": k, "gamma": None}
         row = dict(setting)
         for name, p in prompts.items():
-            generations, _ = run(model, p, setting, FULL["max_new_tokens"], batch, longest)
+            generations, _ = run(model, p, setting, STUDY["max_new_tokens"], batch, longest)
             row[name] = summary(generations, ntp[name])
         rows.append(row)
         print(f"verified k={k:>2}: valid {row['valid']['tokens_per_pass']:.2f} tokens/pass "
@@ -96,10 +93,10 @@ def arithmetic_part(args) -> dict:
         settings = [{"mode": "ntp", "block_size": 1, "gamma": None}]
         settings += [{"mode": "verified", "block_size": k, "gamma": None} for k in args.blocks]
         for setting in settings:
-            run(model, speed_prompts[:batch_size], setting, FULL["max_new_tokens"], batch_size, longest)  # compile
+            run(model, speed_prompts[:batch_size], setting, STUDY["max_new_tokens"], batch_size, longest)  # compile
             runs = []
             for _ in range(args.repeats):
-                generations, (prefill, decode) = run(model, speed_prompts, setting, FULL["max_new_tokens"],
+                generations, (prefill, decode) = run(model, speed_prompts, setting, STUDY["max_new_tokens"],
                                                      batch_size, longest)
                 tokens = sum(len(g.token_ids) for g in generations)
                 runs.append((tokens / decode, tokens / (prefill + decode)))
@@ -168,7 +165,7 @@ def main() -> None:
 
     import jax
 
-    result = {"command": "python benchmarks/verify.py " + " ".join(sys.argv[1:]),
+    result = {"command": "python -m benchmarks.verify " + " ".join(sys.argv[1:]),
               "device": str(jax.devices()[0]), "arithmetic": arithmetic_part(args)}
     if not args.skip_smollm2:
         result["smollm2"] = smollm2_part(args)

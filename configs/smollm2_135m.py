@@ -1,7 +1,7 @@
 """SBD fine-tuning of the embedded default model, SmolLM2-135M-Instruct.
 
 The training stage of recipes/smollm2_sbd (which builds the data and evaluates):
-    python recipes/smollm2_sbd/run.py --workdir runs/smollm2_sbd
+    python -m recipes.smollm2_sbd.run --workdir runs/smollm2_sbd
 or on your own chat JSONL:
     python train.py --config configs/smollm2_135m.py --workdir runs/smol --config.data.files='("sft.jsonl",)'
 

@@ -10,8 +10,6 @@ import jax.numpy as jnp
 from sbd_jax.errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-REMAT_POLICIES = ("none", "full", "dots")
-ATTENTION_IMPLS = ("auto", "reference", "blockwise", "splash")  # see attention.py
 _DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -27,7 +25,7 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Decoder-only transformer architecture plus how to run it (dtypes, scan, remat).
+    """Decoder-only transformer architecture plus the dtypes and layer layout (scanned or not) it runs in.
 
     Hashable, so it can be a static argument of jitted functions.
     """
@@ -54,9 +52,7 @@ class ModelConfig:
     # How to run, not what the weights are:
     dtype: str = "float32"  # activations / matmul inputs
     param_dtype: str = "float32"
-    scan_layers: bool = False
-    remat: str = "none"
-    attention: str = "auto"
+    scan_layers: bool = False  # one stacked parameter tree (compiles once for all layers)
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -80,10 +76,6 @@ class ModelConfig:
                 raise UserError(f"config {name}={getattr(self, name)!r}: use one of {', '.join(_DTYPES)}")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise UserError(f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
-        if self.remat not in REMAT_POLICIES:
-            raise UserError(f"config remat={self.remat!r}: use one of {', '.join(REMAT_POLICIES)}")
-        if self.attention not in ATTENTION_IMPLS:
-            raise UserError(f"config attention={self.attention!r}: use one of {', '.join(ATTENTION_IMPLS)}")
 
     @property
     def compute_dtype(self) -> jnp.dtype:

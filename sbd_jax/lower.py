@@ -52,19 +52,26 @@ def describe(name: str, platform: str, exported: Any, layout_len: int | None = N
     return Lowered(name, platform, text.count("tpu_custom_call"), dense, len(text))
 
 
-def model_config(cfg: Any, architecture: dict | None = None) -> Any:
-    """The ModelConfig a training config trains, with a mask token id (0: shapes are all that matter).
+def train_config(config_dict: Any, architecture: dict | None = None) -> Any:
+    """The `TrainConfig` of a config file's `get_config()`; an 8B config's ARCHITECTURE (the shape of
+    the model it names at run time) stands in for that model, whose weights lowering never needs."""
+    from sbd_jax.train_config import TrainConfig
 
-    From `architecture` (an 8B config's ARCHITECTURE), else `cfg.model.architecture`, else the config of
-    `cfg.model.name` (the embedded GGUF or an HF directory)."""
+    if architecture:
+        config_dict.model.architecture = architecture
+    return TrainConfig.from_config_dict(config_dict)
+
+
+def model_config(cfg: Any) -> Any:
+    """The ModelConfig a `TrainConfig` trains, with a mask token id (0: shapes are all that matter): its
+    `model.architecture`, else the config of `model.name` (the embedded GGUF or an HF directory)."""
     from sbd_jax.checkpoints.load import read_model_config
     from sbd_jax.trainer import architecture_config, run_options
 
     m = cfg.model
-    architecture = architecture or m.architecture
-    if not architecture:
+    if not m.architecture:
         return read_model_config(m.name, **run_options(m)).replace(mask_token_id=0)
-    return architecture_config(m, architecture).replace(mask_token_id=0)
+    return architecture_config(m, m.architecture).replace(mask_token_id=0)
 
 
 def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
@@ -92,16 +99,15 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     replicated = sharding.replicated(mesh)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-    step = jitted_train_step(cfg, Transformer(config, mesh=mesh), tx, schedule, mesh, shardings)
+    model = Transformer(config, mesh=mesh, attention=cfg.model.attention, remat=cfg.model.remat)
+    step = jitted_train_step(cfg, model, tx, schedule, mesh, shardings)
     return step, (state, batch, rng, block_size)
 
 
 def _one_micro_batch(cfg: Any) -> Any:
     """The step for one micro-batch: accumulation only loops it (and adds one grads-sized buffer)."""
-    cfg = cfg.copy_and_resolve_references()
-    cfg.train.batch_size //= cfg.train.grad_accum
-    cfg.train.grad_accum = 1
-    return cfg
+    micro = dataclasses.replace(cfg.train, batch_size=cfg.train.batch_size // cfg.train.grad_accum, grad_accum=1)
+    return dataclasses.replace(cfg, train=micro)
 
 
 def lower_train_step(cfg: Any, config: Any, mesh: Any, platform: str) -> Lowered:
@@ -113,7 +119,7 @@ def lower_train_step(cfg: Any, config: Any, mesh: Any, platform: str) -> Lowered
     step, args = train_step_inputs(cfg, config, mesh)
     with compiling_for(platform):
         exported = jax.export.export(step, platforms=(platform,))(*args)
-    return describe(f"train_step[{config.attention}]", platform, exported, 2 * cfg.data.seq_len)
+    return describe(f"train_step[{cfg.model.attention}]", platform, exported, 2 * cfg.data.seq_len)
 
 
 def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_new_tokens: int,
@@ -184,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         cfg.train.batch_size, cfg.train.grad_accum = args.micro_batch, 1
     if args.seq_len:
         cfg.data.seq_len = args.seq_len
-    config = model_config(cfg, architecture)
+    cfg = train_config(cfg, architecture)
+    config = model_config(cfg)
     mesh = sharding.make_mesh(tuple(cfg.mesh), jax.devices()[: args.devices])
     results = []
     for platform in args.platform:

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from sbd_jax.errors import UserError
 
 
 def causal(num_tokens: int) -> jax.Array:
@@ -25,15 +24,6 @@ def causal(num_tokens: int) -> jax.Array:
 def bidirectional(num_tokens: int) -> jax.Array:
     """`[T, T]`: every token sees every token (an SBD block being decoded)."""
     return jnp.ones((num_tokens, num_tokens), dtype=bool)
-
-
-def from_block_ids(block_ids_BT: jax.Array) -> jax.Array:
-    """`[B, T, T]`: token i sees token j iff block_ids[j] <= block_ids[i] (ids non-decreasing).
-
-    `arange(T)` gives a causal mask, all zeros an all-to-all block, and `[0, 1, .., k-1, k, .., k]`
-    the SBD pass that commits a finished block causally while a new block attends to it and to itself.
-    """
-    return block_ids_BT[:, None, :] <= block_ids_BT[:, :, None]
 
 
 def same_segment(segment_ids_BT: jax.Array) -> jax.Array:
@@ -65,14 +55,6 @@ def _block_of(position: Any, block_size: Any) -> Any:
         return position // block_size
     position = jnp.asarray(position)
     return jax.lax.div(position, jnp.broadcast_to(jnp.asarray(block_size, position.dtype), position.shape))
-
-
-def sbd_training_mask(seq_len: int, block_size: int) -> np.ndarray:
-    """bool `[2*seq_len, 2*seq_len]`, True = may attend; no packing."""
-    if seq_len < 1 or block_size < 1:
-        raise UserError(f"seq_len={seq_len} and block_size={block_size} must be >= 1")
-    idx = np.arange(2 * seq_len)
-    return sbd_allowed(idx[:, None], idx[None, :], seq_len, block_size)
 
 
 @struct.dataclass

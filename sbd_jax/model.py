@@ -52,6 +52,7 @@ def _dense(features: int, bias: bool, name: str, cfg: ModelConfig) -> nn.Dense:
 class Attention(nn.Module):
     config: ModelConfig
     mesh: Any = None  # the device mesh, for attention kernels that run per device (attention.py)
+    attention: str = "auto"  # the implementation (attention.py)
 
     @nn.compact
     def __call__(self, x_BTD, positions_BT, mask, cache_kv):
@@ -74,7 +75,7 @@ class Attention(nn.Module):
         if cache_kv is not None:
             cache_k, cache_v, cache_mask = cache_kv
             parts.insert(0, (cache_k.astype(k_BTKH.dtype), cache_v.astype(v_BTKH.dtype), cache_mask))
-        out = attention(q_BTNH, parts, cfg.attention, self.mesh).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
+        out = attention(q_BTNH, parts, self.attention, self.mesh).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
         return _dense(cfg.hidden_size, cfg.o_bias, "o_proj", cfg)(out), (k_BTKH, v_BTKH)
 
 
@@ -94,34 +95,39 @@ class DecoderLayer(nn.Module):
 
     config: ModelConfig
     mesh: Any = None
+    attention: str = "auto"
 
     @nn.compact
     def __call__(self, x, positions, mask, cache_mask, cache_kv):
         cfg = self.config
         norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype)
         layer_cache = None if cache_kv is None else (cache_kv[0], cache_kv[1], cache_mask)
-        h, new_kv = Attention(cfg, self.mesh, name="self_attn")(
+        h, new_kv = Attention(cfg, self.mesh, self.attention, name="self_attn")(
             RMSNorm(**norm, name="input_layernorm")(x), positions, mask, layer_cache)
         x = x + h
         x = x + MLP(cfg, name="mlp")(RMSNorm(**norm, name="post_attention_layernorm")(x))
         return x, new_kv
 
 
-def _layer_class(cfg: ModelConfig):
-    if cfg.remat == "none":
+def _layer_class(remat: str, scan_layers: bool):
+    if remat == "none":
         return DecoderLayer
-    policy = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}[cfg.remat]
-    return nn.remat(DecoderLayer, policy=policy, prevent_cse=not cfg.scan_layers)
+    policy = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}[remat]
+    return nn.remat(DecoderLayer, policy=policy, prevent_cse=not scan_layers)
 
 
 class Transformer(nn.Module):
     """Token ids + explicit positions (+ optional cache) -> logits and the new tokens' K/V.
 
     `mesh`: the `(data, fsdp, tensor)` mesh the inputs are sharded over (training); attention kernels
-    that run per device (splash) then run on each device's share under `shard_map`."""
+    that run per device (splash) then run on each device's share under `shard_map`. `attention` (the
+    implementation, attention.py) and `remat` (none | full | dots: what the backward pass recomputes)
+    change how training runs, not what it computes; decoding keeps the defaults."""
 
     config: ModelConfig
     mesh: Any = None
+    attention: str = "auto"
+    remat: str = "none"
 
     @nn.compact
     def __call__(
@@ -148,7 +154,7 @@ class Transformer(nn.Module):
         x = embed(tokens_BT)
         cache_mask = None if cache is None else valid_slots(cache)
         cache_kv = None if cache is None else (cache.k, cache.v)
-        layer_cls = _layer_class(cfg)
+        layer_cls = _layer_class(self.remat, cfg.scan_layers)
         if cfg.scan_layers:
             stack = nn.scan(
                 layer_cls,
@@ -157,12 +163,12 @@ class Transformer(nn.Module):
                 in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
                 length=cfg.num_layers,
             )
-            x, (k_new, v_new) = stack(cfg, self.mesh, name="layers")(x, positions_BT, mask, cache_mask, cache_kv)
+            x, (k_new, v_new) = stack(cfg, self.mesh, self.attention, name="layers")(x, positions_BT, mask, cache_mask, cache_kv)
         else:
             ks, vs = [], []
             for i in range(cfg.num_layers):
                 layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
-                x, (k, v) = layer_cls(cfg, self.mesh, name=f"layers_{i}")(x, positions_BT, mask, cache_mask, layer_kv)
+                x, (k, v) = layer_cls(cfg, self.mesh, self.attention, name=f"layers_{i}")(x, positions_BT, mask, cache_mask, layer_kv)
                 ks.append(k)
                 vs.append(v)
             k_new, v_new = jnp.stack(ks), jnp.stack(vs)

@@ -28,8 +28,17 @@ import grain
 import numpy as np
 from absl import flags
 
-from sbd_jax.data import Document, Packed, checked_record, expand_paths, pack, text_file_record, tokenize
+from sbd_jax.data import (
+    Document,
+    Packed,
+    checked_record,
+    expand_paths,
+    pack,
+    text_file_record,
+    tokenize,
+)
 from sbd_jax.errors import UserError
+from sbd_jax.train_config import DataConfig
 
 CHUNK_BYTES = 16 << 20  # the unit of reading dealt to hosts and workers, and of the shuffle across the corpus
 WINDOW_ROWS = 64  # documents are shuffled and packed this many rows' worth at a time
@@ -272,11 +281,12 @@ class Snapshot:
         return self._state
 
 
-def host_batches(files: Sequence[str], tokenizer: Any, *, seq_len: int, global_batch: int, seed: int, num_steps: int,
-                 shards: int, workers: int, host: int, hosts: int) -> HostBatches:
-    """The stream of this host's share of every global batch (see the module docstring). The sizes are
-    keyword-only: eight integers in a row would let a swap pass unnoticed."""
-    shards = shards or hosts
+def host_batches(data: DataConfig, tokenizer: Any, *, global_batch: int, seed: int, num_steps: int, host: int,
+                 hosts: int) -> HostBatches:
+    """The stream of this host's share of every global batch (see the module docstring) from the config's
+    `data` section (files, seq_len, shards, workers); the other sizes are keyword-only, so a swap fails."""
+    files, seq_len, workers = data.files, data.seq_len, data.workers
+    shards = data.shards or hosts
     if shards % hosts:
         raise UserError(f"data.shards={shards} is not a multiple of the {hosts} hosts: each host reads whole shards")
     if global_batch % shards:
@@ -297,3 +307,17 @@ def _check_some_text(chunks: Sequence[Chunk], files: Sequence[str]) -> None:
         if any(True for _ in iterator):
             return
     raise UserError(f"the data files {list(files)} hold no text")
+
+
+def check_batch(host_batch: dict[str, np.ndarray], mask_id: int | None, step: int) -> dict[str, np.ndarray]:
+    """Refuses a batch whose tokens include the mask token (the model could not tell them apart) or
+    that carries no loss at all (chat data without assistant turns)."""
+    real = host_batch["segment_ids"] > 0
+    used = 0 if mask_id is None else int((host_batch["tokens"][real] == mask_id).sum())
+    if used:
+        raise UserError(f"mask token id {mask_id} occurs {used} times in the training data (step {step}'s "
+                        "batch); choose a token the data never uses (or data.mask_token='new' for a new "
+                        "embedding row)")
+    if not host_batch["loss_mask"].any():
+        raise UserError(f"step {step}'s batch has no token that carries loss (chat data without assistant turns?)")
+    return host_batch

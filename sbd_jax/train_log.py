@@ -16,17 +16,43 @@ import jax
 from sbd_jax.errors import UserError
 
 
-def truncate_log(path: str, completed: int) -> None:
-    """Drops log lines of steps after the restored checkpoint: they are about to be recomputed."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        keep = [line for line in f if line.strip() and json.loads(line)["step"] <= completed]
-    with open(path, "w") as f:
-        f.writelines(keep)
+class MetricsLog:
+    """A run's metrics.jsonl and TensorBoard scalars, written by the primary process only (hosts share
+    the workdir). On resume, the lines of steps after the restored checkpoint are dropped first: they are
+    about to be recomputed."""
+
+    def __init__(self, workdir: str, completed: int, primary: bool):
+        self.file: Any = None
+        self.writer: Any = None
+        if primary:
+            path = os.path.join(workdir, "metrics.jsonl")
+            if os.path.exists(path):
+                with open(path) as f:
+                    keep = [line for line in f if line.strip() and json.loads(line)["step"] <= completed]
+                with open(path, "w") as f:
+                    f.writelines(keep)
+            self.file = open(path, "a")
+            self.writer = _tensorboard(workdir)
+
+    def write(self, rows: list[dict[str, float]]) -> None:
+        if self.file is None:
+            return
+        for row in rows:
+            self.file.write(json.dumps(row) + "\n")
+            if self.writer is not None:
+                for name, value in row.items():
+                    self.writer.add_scalar(name, value, row["step"])
+        self.file.flush()
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
-def tensorboard(workdir: str) -> Any:
+def _tensorboard(workdir: str) -> Any:
     """A TensorBoard writer into `workdir/tensorboard`, or None without tensorboardX."""
     try:
         from tensorboardX import SummaryWriter

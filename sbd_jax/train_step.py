@@ -9,7 +9,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 from flax import struct
@@ -18,6 +17,7 @@ from sbd_jax import sharding
 from sbd_jax.config import ModelConfig
 from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss, sbd_loss
+from sbd_jax.train_config import OptimizerConfig, TrainConfig
 
 
 class TrainState(struct.PyTreeNode):
@@ -26,7 +26,7 @@ class TrainState(struct.PyTreeNode):
     opt_state: Any
 
 
-def make_optimizer(opt: ml_collections.ConfigDict, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
+def make_optimizer(opt: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
     """AdamW with global-norm clipping and no decay on norms and biases; linear warmup, then cosine
     decay to `final_lr_ratio` at `total_steps`, or (wsd) constant until the last `decay_steps` steps,
     which decay linearly. A WSD run's state before its decay equals a longer WSD run's at that step."""
@@ -47,7 +47,7 @@ def make_optimizer(opt: ml_collections.ConfigDict, total_steps: int) -> tuple[op
     return tx, schedule
 
 
-def block_size_for_step(cfg: ml_collections.ConfigDict, step: int) -> int:
+def block_size_for_step(cfg: TrainConfig, step: int) -> int:
     """k ~ U{min..max} per step, drawn from (seed, step) so a resumed run draws the same k.
 
     NTP training has no blocks: always 1.
@@ -71,7 +71,7 @@ class ObjectiveSpec:
     grad_accum: int = 1  # micro-batches whose gradients are averaged
 
     @classmethod
-    def from_config(cls, cfg: ml_collections.ConfigDict, config: ModelConfig) -> "ObjectiveSpec":
+    def from_config(cls, cfg: TrainConfig, config: ModelConfig) -> "ObjectiveSpec":
         obj = cfg.objective
         return cls(kind=obj.kind, mask_id=config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
                    eta_range=(obj.eta_min, obj.eta_max), block_sizes=(obj.block_size_min, obj.block_size_max),
@@ -116,7 +116,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any,
     return TrainState(state.step + 1, params, opt_state), metrics
 
 
-def jitted_train_step(cfg: ml_collections.ConfigDict, model: Transformer, tx: optax.GradientTransformation,
+def jitted_train_step(cfg: TrainConfig, model: Transformer, tx: optax.GradientTransformation,
                       schedule: Any, mesh: Any, state_shardings: TrainState) -> Any:
     """`train_step(state, batch, rng, block_size)` jitted with the mesh's shardings and the state donated;
     the block size is a traced int32 argument, so every size of the config's range shares one compile."""

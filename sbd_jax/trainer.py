@@ -1,5 +1,6 @@
-"""SBD fine-tuning: the run (model, data, sharded state), its loop, Orbax checkpoints (state + data
-iterator). The step itself is in `train_step.py`, the logs in `train_log.py`.
+"""SBD fine-tuning: the run (model, data, sharded state) and its loop. The step itself is in
+`train_step.py`, the checkpoints (state + data iterator) in `train_checkpoints.py`, the logs in
+`train_log.py`, the typed config in `train_config.py`.
 
 The same code runs on one CPU, one GPU or a `(data, fsdp, tensor)` mesh of many devices and hosts.
 A run is a pure function of (config, step): the noise key is `fold_in(seed, step)`, the block size
@@ -9,77 +10,45 @@ sees the same batches and computes the same numbers as an uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import time
-from typing import Any, Iterator
+from typing import Any
 
-import grain
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
-from sbd_jax import sharding, streaming
-from sbd_jax.data import Packed
+from sbd_jax import sharding, streaming, train_checkpoints
 from sbd_jax.checkpoints.load import load_model, resolve
 from sbd_jax.config import ModelConfig, RopeScaling
+from sbd_jax.data import Packed
 from sbd_jax.errors import UserError
 from sbd_jax.mask_token import setup_mask_token
 from sbd_jax.model import Transformer, init_params
-from sbd_jax.objective import Batch, check_objective
+from sbd_jax.objective import Batch
 from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
 from sbd_jax.stop_request import StopRequest
 from sbd_jax.tokenizer import load_tokenizer
-from sbd_jax.train_log import Progress, Window, tensorboard, truncate_log
-from sbd_jax.train_step import TrainState, block_size_for_step, jitted_train_step, make_optimizer
+from sbd_jax.train_config import DistributedConfig, ModelSection, TrainConfig
+from sbd_jax.train_log import MetricsLog, Progress, Window
+from sbd_jax.train_step import (
+    TrainState,
+    block_size_for_step,
+    jitted_train_step,
+    make_optimizer,
+)
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-    """Every config error we can see before loading a model or compiling anything."""
-    if cfg.objective.kind not in ("sbd", "ntp"):
-        raise UserError(f"objective.kind={cfg.objective.kind!r}: use 'sbd' or 'ntp'")
-    if cfg.data.seq_len < 2:
-        raise UserError(f"data.seq_len={cfg.data.seq_len} must be >= 2")
-    if cfg.objective.block_size_min > cfg.objective.block_size_max:
-        raise UserError(f"objective.block_size_min={cfg.objective.block_size_min} > block_size_max="
-                        f"{cfg.objective.block_size_max}")
-    for k in (cfg.objective.block_size_min, cfg.objective.block_size_max):
-        check_objective(k, (cfg.objective.eta_min, cfg.objective.eta_max), cfg.data.seq_len)
-    if cfg.train.steps < 1 or cfg.train.batch_size < 1 or cfg.train.grad_accum < 1:
-        raise UserError("train.steps, train.batch_size and train.grad_accum must be >= 1")
-    if cfg.optimizer.schedule not in ("cosine", "wsd"):
-        raise UserError(f"optimizer.schedule={cfg.optimizer.schedule!r}: use 'cosine' or 'wsd'")
-    if not 0 <= cfg.optimizer.decay_steps <= cfg.train.steps:
-        raise UserError(f"optimizer.decay_steps={cfg.optimizer.decay_steps} must be in [0, train.steps]")
-    if cfg.init_from and not os.path.isdir(os.path.join(cfg.init_from, "checkpoints")):
-        raise UserError(f"init_from={cfg.init_from!r} holds no checkpoints/ directory: give another run's workdir")
-    if cfg.data.shards < 0 or cfg.data.workers < 0:
-        raise UserError(f"data.shards={cfg.data.shards} and data.workers={cfg.data.workers} must be >= 0")
-    if cfg.checkpoint.get("keep_period", 0) < 0:
-        raise UserError(f"checkpoint.keep_period={cfg.checkpoint.keep_period} must be >= 0 (0: keep only the last "
-                        "checkpoint.keep)")
-    if cfg.train.log_every < 1:
-        raise UserError(f"train.log_every={cfg.train.log_every} must be >= 1 (steps between metric fetches)")
-    if cfg.train.batch_size % cfg.train.grad_accum:
-        raise UserError(f"train.batch_size={cfg.train.batch_size} is not divisible by train.grad_accum="
-                        f"{cfg.train.grad_accum}")
-
-
-def run_options(m: ml_collections.ConfigDict) -> dict[str, Any]:
+def run_options(m: ModelSection) -> dict[str, Any]:
     """The ModelConfig fields a training config's `model` section sets (master weights stay float32)."""
-    return dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers, remat=m.remat, attention=m.attention)
+    return dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers)
 
 
-def architecture_config(m: ml_collections.ConfigDict, architecture: dict | None,
-                        tokenizer: Any = None) -> ModelConfig:
+def architecture_config(m: ModelSection, architecture: dict, tokenizer: Any = None) -> ModelConfig:
     """The ModelConfig of a model trained from scratch: `architecture` (ModelConfig fields; rope_scaling
     as a dict), its vocabulary size and EOS ids taken from the tokenizer where it leaves them out (the
     tokenizer `m.tokenizer` names is read only when the vocabulary size is missing and none is given)."""
-    if not architecture:
-        raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
     arch = dict(architecture)
     if arch.get("rope_scaling"):
         arch["rope_scaling"] = RopeScaling(**arch["rope_scaling"])
@@ -94,8 +63,10 @@ def architecture_config(m: ml_collections.ConfigDict, architecture: dict | None,
 class Trainer:
     """Builds everything from a config, restores the latest checkpoint in `workdir`, and trains."""
 
-    def __init__(self, cfg: ml_collections.ConfigDict, workdir: str):
-        validate(cfg)
+    def __init__(self, cfg: TrainConfig | Any, workdir: str):
+        """`cfg`: a `TrainConfig`, or the `ml_collections.ConfigDict` of a config file (converted here)."""
+        if not isinstance(cfg, TrainConfig):
+            cfg = TrainConfig.from_config_dict(cfg)
         if cfg.multihost:
             _initialize_distributed(cfg.distributed)
         self.cfg, self.workdir = cfg, workdir
@@ -110,10 +81,9 @@ class Trainer:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
         self.iterator = streaming.host_batches(
-            cfg.data.files, self.tokenizer, seq_len=cfg.data.seq_len, global_batch=cfg.train.batch_size,
-            seed=cfg.seed, num_steps=cfg.train.steps, shards=cfg.data.shards, workers=cfg.data.workers,
+            cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed, num_steps=cfg.train.steps,
             host=jax.process_index(), hosts=jax.process_count())
-        self.model = Transformer(self.config, mesh=self.mesh)
+        self.model = Transformer(self.config, mesh=self.mesh, attention=cfg.model.attention, remat=cfg.model.remat)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
         self.state = self._sharded_state(params)
         self._step: Any = None
@@ -149,87 +119,33 @@ class Trainer:
         self._step = step.lower(*example).compile()
         return self._step, time.perf_counter() - began
 
-    def _checked(self, host_batch: dict[str, np.ndarray], step: int) -> dict[str, np.ndarray]:
-        """Refuses a batch whose tokens include the mask token (the model could not tell them apart) or
-        that carries no loss at all (chat data without assistant turns)."""
-        mask_id, real = self.config.mask_token_id, host_batch["segment_ids"] > 0
-        used = 0 if mask_id is None else int((host_batch["tokens"][real] == mask_id).sum())
-        if used:
-            raise UserError(f"mask token id {mask_id} occurs {used} times in the training data (step {step}'s "
-                            "batch); choose a token the data never uses (or data.mask_token='new' for a new "
-                            "embedding row)")
-        if not host_batch["loss_mask"].any():
-            raise UserError(f"step {step}'s batch has no token that carries loss (chat data without assistant turns?)")
-        return host_batch
-
     def global_batch(self, host_batch: dict[str, np.ndarray]) -> Batch:
         batch_sh = sharding.batch_sharding(self.mesh)
         return Batch(*[jax.make_array_from_process_local_data(batch_sh, host_batch[name])
                        for name in Packed._fields])
 
-    # ------------------------------------------------------------------ checkpoints
-    def checkpoint_manager(self, workdir: str | None = None):
-        """Orbax manager of `workdir/checkpoints` (this run's by default)."""
-        import orbax.checkpoint as ocp
-
-        ck = self.cfg.checkpoint
-        options = ocp.CheckpointManagerOptions(save_interval_steps=ck.every, max_to_keep=ck.keep,
-                                               keep_period=ck.get("keep_period") or None,
-                                               enable_async_checkpointing=ck.async_save)
-        path = os.path.abspath(os.path.join(workdir or self.workdir, "checkpoints"))
-        return ocp.CheckpointManager(path, options=options)
-
-    def restore(self, manager) -> int:
-        """Restores the latest checkpoint, if any, else `init_from`'s; returns the number of completed steps."""
-        latest = manager.latest_step()
-        if latest is not None:
-            return self._restore_from(manager, latest, self.workdir)
-        if not self.cfg.init_from:
-            return 0
-        source = self.checkpoint_manager(self.cfg.init_from)
-        step = self.cfg.init_step or source.latest_step()
-        if step not in source.all_steps():
-            raise UserError(f"init_from={self.cfg.init_from!r} has no checkpoint of step {step} "
-                            f"(it has {sorted(source.all_steps())})")
-        return self._restore_from(source, step, self.cfg.init_from)
-
-    def _restore_from(self, manager, step: int, where: str) -> int:
-        import orbax.checkpoint as ocp
-
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.state)
-        try:
-            restored = manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), data=grain.checkpoint.CheckpointRestore(self.iterator)))
-        except Exception as e:  # orbax raises many types for a foreign or damaged checkpoint
-            raise UserError(f"cannot restore the checkpoint of step {step} in {where} "
-                            f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it does not match this "
-                            "config or is damaged: use another --workdir or delete it") from None
-        self.state = restored["state"]
-        return step
-
     # ------------------------------------------------------------------ loop
+    def checkpoint_manager(self) -> Any:
+        """The Orbax manager of this run's checkpoints."""
+        return train_checkpoints.checkpoint_manager(self.cfg, self.workdir)
+
     def run(self) -> list[dict[str, float]]:
         """Trains to `train.steps`, resuming from `workdir`; returns this run's logged metrics."""
-        import orbax.checkpoint as ocp
-
         os.makedirs(self.workdir, exist_ok=True)
         manager = self.checkpoint_manager()
-        start = self.restore(manager)
-        metrics_path = os.path.join(self.workdir, "metrics.jsonl")
-        primary = jax.process_index() == 0  # the one writer of the logs (hosts share the workdir)
-        if primary:
-            truncate_log(metrics_path, start)
-        writer = tensorboard(self.workdir) if primary else None
+        self.state, start = train_checkpoints.resume(manager, self.cfg, self.workdir, self.state, self.iterator)
         total = self.cfg.train.steps
-        tokens_per_step = self.cfg.train.batch_size * self.cfg.data.seq_len
         logged = []
         progress = Progress(start, total)
-        window = Window(tokens_per_step, self._flops_per_step(), device_peak_flops(jax.devices()[0], self.config.dtype))
+        window = Window(self.cfg.train.batch_size * self.cfg.data.seq_len, self._flops_per_step(),
+                        device_peak_flops(jax.devices()[0], self.config.dtype))
         stopped_at = None
-        with open(metrics_path, "a") as log, _finishing_saves(manager), StopRequest() as stop:
+        with (MetricsLog(self.workdir, start, primary=jax.process_index() == 0) as log,
+              train_checkpoints.finishing_saves(manager), StopRequest() as stop):
             for step in range(start, total):
                 k = block_size_for_step(self.cfg, step)
-                batch = self.global_batch(self._checked(next(self.iterator), step + 1))
+                host_batch = streaming.check_batch(next(self.iterator), self.config.mask_token_id, step + 1)
+                batch = self.global_batch(host_batch)
                 rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
                 block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
                 compiled, compile_seconds = self.compiled_step((self.state, batch, rng, block_size))
@@ -243,17 +159,10 @@ class Trainer:
                     continue
                 rows = window.fetch()  # the one host sync; a non-finite step stops here, before any save
                 logged += rows
-                if primary:
-                    for row in rows:
-                        log.write(json.dumps(row) + "\n")
-                        if writer is not None:
-                            for name, value in row.items():
-                                writer.add_scalar(name, value, row["step"])
-                    log.flush()
+                log.write(rows)
                 progress.update(rows[-1])
                 if checkpoint:
-                    manager.save(step + 1, force=True, args=ocp.args.Composite(
-                        state=ocp.args.StandardSave(self.state), data=grain.checkpoint.CheckpointSave(streaming.Snapshot(self.iterator.get_state()))))
+                    train_checkpoints.save(manager, step + 1, self.state, self.iterator)
                 if stopped_at is not None:
                     break
         progress.close()
@@ -271,7 +180,7 @@ class Trainer:
 
     def export_checkpoint(self, step: int, path: str) -> None:
         """Writes this run's checkpoint of `step` as an HF directory (milestones of a run, e.g. a trend)."""
-        self._restore_from(self.checkpoint_manager(), step, self.workdir)
+        self.state = train_checkpoints.restore(self.checkpoint_manager(), step, self.workdir, self.state, self.iterator)
         self.export(path)
 
     def export(self, path: str) -> None:
@@ -283,22 +192,10 @@ class Trainer:
                 tokenizer=self.tokenizer if jax.process_index() == 0 else None)
 
 
-def _initialize_distributed(d: ml_collections.ConfigDict) -> None:
+def _initialize_distributed(d: DistributedConfig) -> None:
     """Joins the job's other processes; what the config leaves unset is detected from the cluster."""
     # CPU hosts need a collectives library for cross-process arrays; GPU and TPU runs are unaffected.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     given = dict(coordinator_address=d.coordinator_address or None, num_processes=d.num_processes or None,
                  process_id=d.process_id if d.process_id >= 0 else None)
     jax.distributed.initialize(**{name: value for name, value in given.items() if value is not None})
-
-
-@contextlib.contextmanager
-def _finishing_saves(manager) -> Iterator[None]:
-    """Waits for in-flight async checkpoint saves also when the loop stops with an error, so the last
-    good checkpoint is whole on disk."""
-    try:
-        yield
-    finally:
-        manager.wait_until_finished()
-
-

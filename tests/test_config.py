@@ -46,7 +46,5 @@ def test_bad_config_values(change, message):
 
 def test_bad_run_options():
     hf = tiny_hf_config("llama").to_dict()
-    with pytest.raises(UserError, match="remat='sometimes'"):
-        ModelConfig.from_hf(hf, remat="sometimes")
     with pytest.raises(UserError, match="dtype='int8'"):
         ModelConfig.from_hf(hf, dtype="int8")

@@ -52,7 +52,7 @@ def test_a_document_that_does_not_fit_the_rest_of_a_row_opens_another():
 
 
 def char_tokenizer(tmp_path):
-    from experiments.small_scale.char_tokenizer import save_char_tokenizer
+    from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
     from sbd_jax.tokenizer import load_tokenizer
 
     return load_tokenizer(save_char_tokenizer(str(tmp_path / "tok")))

@@ -7,10 +7,10 @@ import pytest
 
 from sbd_jax import masks
 from sbd_jax.config import ModelConfig
+from sbd_jax.decoders import NTPDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.model import Transformer, init_params
-from sbd_jax.decoders import NTPDecoder
 from sbd_jax.sampler import generate
 from sbd_jax.token_choice import choose_tokens
 
@@ -62,7 +62,8 @@ def _full_mask(prefix: int, block_mask: np.ndarray) -> np.ndarray:
 ])
 def test_new_tokens_against_cache_equal_uncached_forward(params, block_ids):
     prefix, n = 12, len(block_ids)
-    block_mask = np.asarray(masks.from_block_ids(jnp.asarray([block_ids])))[0]
+    ids = np.asarray(block_ids)
+    block_mask = ids[None, :] <= ids[:, None]  # token i sees j iff block_ids[j] <= block_ids[i]
     seq = SEQ[:, :prefix + n]
     full, full_kv = forward(params, seq, mask=jnp.asarray(_full_mask(prefix, block_mask)))
     _, kv = forward(params, seq[:, :prefix])

@@ -9,6 +9,7 @@ import glob
 import os
 import shutil
 import subprocess
+
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,6 +16,7 @@ from sbd_jax.attention import compiling_for, target_platform
 from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
 from sbd_jax.lower import lower_decoders, lower_train_step, main
+from sbd_jax.train_config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 256  # 2L = 512: the training layout's [2L, 2L]; heads x head_dim (256) differs from it
@@ -23,13 +24,16 @@ SEQ_LEN = 256  # 2L = 512: the training layout's [2L, 2L]; heads x head_dim (256
 
 def _setup(attention: str, block_sizes: tuple[int, int] = (2, 16)):
     """A head_dim-128 model (splash's tile) on the (2, 2, 2) mesh of the 8 simulated devices."""
+    architecture = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2,
+                        num_heads=2, num_kv_heads=2, head_dim=128, eos_token_ids=(1,))
     cfg = get_base()
+    cfg.model.architecture = architecture
+    cfg.model.attention = attention
     cfg.data.seq_len = SEQ_LEN
     cfg.mesh = (2, 2, 2)
     cfg.objective.block_size_min, cfg.objective.block_size_max = block_sizes
-    config = ModelConfig(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2,
-                         num_heads=2, num_kv_heads=2, head_dim=128, attention=attention, mask_token_id=0,
-                         eos_token_ids=(1,))
+    cfg = TrainConfig.from_config_dict(cfg)
+    config = ModelConfig(**architecture, mask_token_id=0)
     return cfg, config, sharding.make_mesh(cfg.mesh)
 
 

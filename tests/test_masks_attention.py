@@ -7,7 +7,7 @@ import pytest
 
 from sbd_jax.attention import attention, blockwise_sbd_attention, reference_attention
 from sbd_jax.errors import UserError
-from sbd_jax.masks import SBDTrainingMask, sbd_training_mask, tile_visits
+from sbd_jax.masks import SBDTrainingMask, sbd_allowed, tile_visits
 from sbd_jax.sharding import make_mesh
 from sbd_jax.splash import SBDSplashMask, splash_sbd_attention
 
@@ -25,6 +25,12 @@ def spec_mask(seq_len, k):
             elif q >= seq_len:
                 out[q, kv] = (q - seq_len) // k > kv // k
     return out
+
+
+def sbd_training_mask(seq_len, block_size):
+    """The dense bool `[2L, 2L]` mask the package builds only symbolically (no packing)."""
+    idx = np.arange(2 * seq_len)
+    return sbd_allowed(idx[:, None], idx[None, :], seq_len, block_size)
 
 
 @pytest.mark.parametrize("seed", range(6))

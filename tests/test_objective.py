@@ -7,10 +7,17 @@ import pytest
 
 from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
-from sbd_jax.model import Transformer, init_params
 from sbd_jax.kv_cache import append, init_cache
-from sbd_jax.objective import (Batch, check_objective, noise, noisy_layout, ntp_loss, sbd_loss,
-                               training_inputs)
+from sbd_jax.model import Transformer, init_params
+from sbd_jax.objective import (
+    Batch,
+    check_objective,
+    noise,
+    noisy_layout,
+    ntp_loss,
+    sbd_loss,
+    training_inputs,
+)
 from sbd_jax.sbd_decoder import SBDDecoder
 from tests.test_masks_attention import spec_mask
 
@@ -99,7 +106,7 @@ def test_blockwise_attention_gives_the_same_loss_and_gradients():
     params = init_params(CFG, seed=3)
     results = []
     for attention in ("reference", "blockwise"):
-        model = Transformer(CFG.replace(attention=attention))
+        model = Transformer(CFG, attention=attention)
         results.append(jax.value_and_grad(lambda p: sbd_loss(p, model, batch, jax.random.key(2), block_size=16,
                                                              mask_id=MASK)[0])(params))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-5)

@@ -4,16 +4,14 @@ import glob
 import json
 import os
 import subprocess
-import sys
 
-from sbd_jax import provenance
+from sbd_jax.evaluation import results as provenance
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_benchmark_results_carry_their_commit(tmp_path):
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from timing import write_json
+    from sbd_jax.evaluation.results import write_json
 
     write_json(str(tmp_path / "result.json"), {"x": 1})
     data = json.load(open(tmp_path / "result.json"))
@@ -39,3 +37,14 @@ def test_every_result_file_has_a_producing_script_or_folder():
         assert os.path.exists(os.path.join(ROOT, producer(path))), path
     assert producer("benchmarks/results/compile_8b_llama3_8b.json") == "benchmarks/compile_8b.py"
     assert producer("recipes/smollm2_sbd/results/cpu/results.json") == "recipes/smollm2_sbd/"
+
+
+def test_every_committed_result_file_carries_its_commit():
+    """Stamped by its writer, or (made before results were stamped) marked "at or before" the commit
+    that last wrote it."""
+    from benchmarks.results_index import RESULT_GLOBS, ROOT, stamped_commit
+
+    paths = [os.path.relpath(p, ROOT) for g in RESULT_GLOBS for p in glob.glob(os.path.join(ROOT, g))]
+    dated = {path: stamped_commit(path) for path in paths}
+    assert all(commit for commit, _ in dated.values()), [p for p, (c, _) in dated.items() if not c]
+    assert {how for _, how in dated.values()} <= {"stamped", "at or before"}

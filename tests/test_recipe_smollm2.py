@@ -5,9 +5,10 @@ import os
 import subprocess
 
 from recipes.smollm2_sbd.distill import repetition, write_distilled
-from recipes.smollm2_sbd.eval import choose_gamma, first_difference
+from recipes.smollm2_sbd.eval import choose_gamma
 from recipes.smollm2_sbd.humaneval import completion_from_answer, pass_rate, problems
 from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, MODULES, make_prompts
+from sbd_jax.evaluation.scoring import first_difference
 from sbd_jax.sampler import Generation
 from tests.conftest import requires_smollm2
 
@@ -93,7 +94,7 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
         assert row["humaneval"]["n"] == 2 and 0 <= row["humaneval"]["pass_at_1"] <= 1
     assert [t["steps"] for t in results["trend"]] == [1, 2, 3]
     assert set(results["evaluation"]["heldout_ntp_loss"]) == {"base", "tuned"}
-    assert results["train"]["steps"] == 3 and results["commit"]
+    assert results["train"]["steps"] == 3 and results["provenance"]["commit"]
     assert "## HumanEval and held-out prompts" in (tmp_path / "results.md").read_text()
 
 

@@ -10,10 +10,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def tiny_base(path: str) -> str:
     """A random tiny Llama with the character tokenizer, saved as an HF directory (a stand-in for SmolLM2)."""
-    from experiments.small_scale.char_tokenizer import save_char_tokenizer
     from experiments.small_scale.config import SMOKE_ARCHITECTURE
     from sbd_jax.checkpoints.hf import save_hf
     from sbd_jax.config import ModelConfig
+    from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
     from sbd_jax.model import init_params
     from sbd_jax.tokenizer import load_tokenizer
 
@@ -26,7 +26,7 @@ def tiny_base(path: str) -> str:
 def test_smoke_run_trains_both_stages_evaluates_every_setting_and_resumes(tmp_path):
     base = tiny_base(str(tmp_path))
     work = str(tmp_path / "work")
-    command = [sys.executable, os.path.join(ROOT, "recipes", "smollm2_arith", "run.py"), "--workdir", work,
+    command = [sys.executable, "-m", "recipes.smollm2_arith.run", "--workdir", work,
                "--smoke", "--base", base]
     env = dict(os.environ, XLA_FLAGS="")
     subprocess.run(command, check=True, env=env, cwd=ROOT, timeout=600)

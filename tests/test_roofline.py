@@ -7,7 +7,16 @@ import sys
 import pytest
 
 from sbd_jax.errors import UserError
-from sbd_jax.roofline import GRID_KV, HARDWARE, MODELS, lookup, slowdown, speedup, tables, terms
+from sbd_jax.roofline import (
+    GRID_KV,
+    HARDWARE,
+    MODELS,
+    lookup,
+    slowdown,
+    speedup,
+    tables,
+    terms,
+)
 
 H100, LLAMA = HARDWARE["h100-fp8"], MODELS["llama3-8b"]
 

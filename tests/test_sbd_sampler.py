@@ -7,15 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sbd_jax.decoders import NTPDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import append, init_cache
-from sbd_jax.model import Transformer
-from sbd_jax.decoders import NTPDecoder
-from sbd_jax.sbd_decoder import SBDDecoder
+from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
+from sbd_jax.sbd_decoder import SBDDecoder
 from sbd_jax.token_choice import eb_reveal, uncertainty
 from tests.test_decoding import CFG as BASE_CFG
-from sbd_jax.model import init_params
 from tests.test_decoding import PROMPTS
 
 MASK = 100

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from configs.base import get_base
 from sbd_jax import sharding
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.objective import Batch
+from sbd_jax.train_config import OptimizerConfig
 from sbd_jax.train_step import ObjectiveSpec, TrainState, make_optimizer, train_step
 from tests.test_objective import CFG
 
@@ -23,9 +23,7 @@ def test_there_are_eight_devices():
 
 
 def _setup(grad_accum=1):
-    opt = get_base().optimizer
-    opt.lr, opt.warmup_steps = 1e-3, 2
-    tx, schedule = make_optimizer(opt, 10)
+    tx, schedule = make_optimizer(OptimizerConfig(lr=1e-3, warmup_steps=2), 10)
     cfg = CFG.replace(vocab_size=64, mask_token_id=63, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16)
     params = init_params(cfg, seed=0)
     rng = np.random.RandomState(0)
@@ -73,8 +71,7 @@ def test_sharded_step_equals_single_device():
 
 def test_a_sharded_step_with_splash_under_the_mesh_equals_the_reference_step():
     """The model given its mesh runs splash (Pallas interpret mode) per device inside the jitted step."""
-    opt = get_base().optimizer
-    tx, schedule = make_optimizer(opt, 10)
+    tx, schedule = make_optimizer(OptimizerConfig(), 10)
     cfg = CFG.replace(vocab_size=64, mask_token_id=63, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=128)
     params = init_params(cfg, seed=0)
     rng = np.random.RandomState(1)
@@ -92,8 +89,8 @@ def test_a_sharded_step_with_splash_under_the_mesh_equals_the_reference_step():
                 jax.device_put(batch, sharding.batch_sharding(mesh)), jax.random.key(5))
         return jax.jit(step)(*args), jax.jit(step).lower(*args).as_text()
 
-    (splash_state, splash_metrics), hlo = run(Transformer(cfg.replace(attention="splash"), mesh=mesh), mesh)
-    (ref_state, ref_metrics), _ = run(Transformer(cfg.replace(attention="reference")), mesh)
+    (splash_state, splash_metrics), hlo = run(Transformer(cfg, mesh=mesh, attention="splash"), mesh)
+    (ref_state, ref_metrics), _ = run(Transformer(cfg, attention="reference"), mesh)
     assert "manual_computation" in hlo  # the kernel ran per device, under shard_map
     for name in ("loss", "ntp_loss", "matp_loss", "grad_norm"):
         np.testing.assert_allclose(splash_metrics[name], ref_metrics[name], rtol=1e-5, err_msg=name)

@@ -8,8 +8,14 @@ import sys
 import numpy as np
 import pytest
 
-from experiments.small_scale.arithmetic import final_result, problems, splits, with_places, worked_answer
-from experiments.small_scale.char_tokenizer import save_char_tokenizer
+from sbd_jax.evaluation.arithmetic import (
+    final_result,
+    problems,
+    splits,
+    with_places,
+    worked_answer,
+)
+from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
 from sbd_jax.tokenizer import load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +68,7 @@ def test_char_tokenizer_round_trips_code_and_renders_chats(tmp_path):
 def test_smoke_run_writes_every_result(tmp_path):
     """The whole pipeline (data, trainings, evaluation grid, speed, report, plots) at toy sizes."""
     env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="")
-    subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "small_scale", "run.py"), "--smoke",
+    subprocess.run([sys.executable, "-m", "experiments.small_scale.run", "--smoke",
                     "--workdir", str(tmp_path)], check=True, env=env, cwd=ROOT, timeout=900)
     with open(tmp_path / "results.json") as f:
         results = json.load(f)

@@ -8,6 +8,7 @@ import pytest
 from sbd_jax import streaming
 from sbd_jax.data import Packed, read_records
 from sbd_jax.errors import UserError
+from sbd_jax.train_config import DataConfig
 from tests.test_data import char_tokenizer
 
 
@@ -41,8 +42,8 @@ def test_a_bad_record_is_named_by_file_and_line_or_by_byte_in_later_chunks(tmp_p
 
 
 def batches(files, tok, shards=2, host=0, hosts=1, workers=0, steps=30):
-    return streaming.host_batches(files, tok, seq_len=64, global_batch=4, seed=3, num_steps=steps, shards=shards,
-                                  workers=workers, host=host, hosts=hosts)
+    data = DataConfig(files=tuple(files), seq_len=64, shards=shards, workers=workers)
+    return streaming.host_batches(data, tok, global_batch=4, seed=3, num_steps=steps, host=host, hosts=hosts)
 
 
 def take(iterator, n):
@@ -110,12 +111,13 @@ def test_bad_shard_settings_are_refused(tmp_path):
 KILLED_READER = """
 import glob, os, signal, sys, threading, time
 from sbd_jax import streaming
+from sbd_jax.train_config import DataConfig
 from tests.test_data import char_tokenizer
 import pathlib
 if __name__ == "__main__":
     tok = char_tokenizer(pathlib.Path(sys.argv[2]))
-    stream = streaming.host_batches([sys.argv[1]], tok, seq_len=64, global_batch=4, seed=0, num_steps=10,
-                                    shards=1, workers=2, host=0, hosts=1)
+    data = DataConfig(files=(sys.argv[1],), seq_len=64, shards=1, workers=2)
+    stream = streaming.host_batches(data, tok, global_batch=4, seed=0, num_steps=10, host=0, hosts=1)
     if sys.argv[3] == "served":  # the workers are running
         next(stream)
     else:  # the workers are still starting (importing, unpickling the pipeline): kill as soon as they exist

@@ -51,8 +51,8 @@ def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.sbd_decoder import SBDDecoder
     from sbd_jax.sampler import generate
+    from sbd_jax.sbd_decoder import SBDDecoder
 
     model = load_model(str(tmp_path / "hf"))
     assert model.config.mask_token_id == model.config.vocab_size - 1  # a new embedding row
@@ -175,6 +175,25 @@ def test_sigterm_saves_the_finished_step_and_a_rerun_continues_from_it(tmp_path)
 
 
 @requires_smollm2
+def test_sigterm_after_a_save_with_grain_workers_still_stops_the_run(tmp_path):
+    """Orbax's (async) save and Grain's worker processes leave the SIGTERM handler in place."""
+    cfg = quick_config(train__steps=40, train__log_every=1, checkpoint__every=4)
+    cfg.export_hf = False
+    cfg.data.workers = 2
+
+    def terminate_after_the_first_save():
+        while not (tmp_path / "checkpoints" / "4").is_dir():  # renamed into place when the save is whole
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=terminate_after_the_first_save, daemon=True).start()
+    with pytest.raises(UserError, match=r"^stopped by SIGTERM after step (\d+) of 40"):
+        Trainer(cfg, str(tmp_path)).run()
+    saved = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints"))
+    assert saved[0] == 4 and 4 < saved[-1] < 40, saved
+
+
+@requires_smollm2
 def test_keep_period_keeps_milestones_beyond_the_latest_checkpoints(tmp_path):
     cfg = quick_config(train__steps=8, checkpoint__every=2, checkpoint__keep=1, checkpoint__keep_period=4)
     cfg.export_hf = False
@@ -248,8 +267,7 @@ def test_train_cli_reports_bad_input_in_one_line(tmp_path):
 
 @pytest.mark.parametrize("config", ["llama3_8b.py", "qwen3_8b.py"])
 def test_8b_configs_compile_on_8_devices_and_fit_80gb(config):
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from compile_8b import compile_report
+    from benchmarks.compile_8b import compile_report
 
     report = compile_report(os.path.join(ROOT, "configs", config), devices=8, micro_batch=8)
     assert 8.0 < report["params_billion"] < 8.3

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from sbd_jax.decoders import NTPDecoder
-from sbd_jax.sbd_decoder import SBDDecoder
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
+from sbd_jax.sbd_decoder import SBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
 from tests.conftest import requires_smollm2
 from tests.test_decoding import CFG as QWEN2
 
@@ -123,7 +123,7 @@ def reference_verified(cfg, params, prompt, max_new, k, eos=()):
 def trained_arithmetic_model(questions=("c5b7a2+b8a6", "a9+a9", "e1d2c3b4a5+d9c9b9a9", "b4a0+c1b1a1")):
     """The small-scale study's shipped SBD model, whose drafts are mostly right, and chat prompts."""
     from sbd_jax.checkpoints.load import load_model
-    from experiments.small_scale.evaluate import chat_prompt
+    from sbd_jax.evaluation.measure import chat_prompt
 
     loaded = load_model("experiments/small_scale/models/sbd_arith")
     prompts = [chat_prompt(loaded.tokenizer, q) for q in questions]
@@ -174,7 +174,7 @@ def test_verified_smollm2_with_an_untrained_mask_token_equals_ntp():
 def test_verified_output_equals_ntp_where_drafts_are_accepted(k):
     """The trained model accepts most drafts, so this matrix runs the acceptance paths: limits at and
     around the block size, rows batched together or alone, EOS wherever the answers end."""
-    from experiments.small_scale.arithmetic import problems
+    from sbd_jax.evaluation.arithmetic import problems
 
     cfg, params, prompts = trained_arithmetic_model(tuple(p.question for p in problems(6, 5, seed=7)))
     eos = cfg.eos_token_ids

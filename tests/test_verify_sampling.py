@@ -17,10 +17,10 @@ import pytest
 from scipy import stats
 
 from sbd_jax.config import ModelConfig
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
 from sbd_jax.token_choice import sampling_logits, without_token
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
 VOCAB, MASK = 9, 8
 CFG = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.base import get_base
+from sbd_jax.evaluation.arithmetic import STUDY
 
 # About 0.8M parameters (13k of them the character embedding): ~0.5 s an SBD step on 2 CPU cores.
 ARCHITECTURE = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
@@ -16,9 +17,8 @@ SMOKE_ARCHITECTURE = dict(ARCHITECTURE, hidden_size=32, intermediate_size=64, nu
 # "trunk" run's state at 0.9 B followed by 0.1 B steps of linear decay, so every budget costs one
 # long run plus its decay, and a later, longer budget only extends the trunk.
 # The study's sizes: the full run, and a smoke run that checks every stage in minutes.
-FULL = dict(ntp_steps=1200, scratch_steps=600, budgets=(600, 1200, 2400), batch_size=16, seq_len=128,
-            train_problems=40000, valid_problems=500, test_problems=2000, max_digits=5, code_chars=500_000,
-            heldout_code_chars=100_000, max_new_tokens=72, block_sizes=(4, 8, 16),
+FULL = dict(STUDY, ntp_steps=1200, scratch_steps=600, budgets=(600, 1200, 2400), batch_size=16, seq_len=128,
+            code_chars=500_000, heldout_code_chars=100_000, block_sizes=(4, 8, 16),
             gammas=(0.0, 0.1, 0.35, 0.6, 1.0), speed_problems=64, speed_repeats=3)
 SMOKE = dict(ntp_steps=6, scratch_steps=4, budgets=(10, 20), batch_size=4, seq_len=64, train_problems=300,
              valid_problems=8, test_problems=12, max_digits=3, code_chars=6000, heldout_code_chars=3000,

@@ -13,7 +13,7 @@ import json
 import os
 from typing import NamedTuple
 
-from experiments.small_scale.arithmetic import Problem, splits
+from sbd_jax.evaluation.arithmetic import Problem, splits
 
 STDLIB = os.path.dirname(os.__file__)
 HELDOUT_EVERY = 10

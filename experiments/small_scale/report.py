@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from experiments.small_scale.evaluate import paired_difference
+from sbd_jax.evaluation.scoring import find, one, paired_difference
 
 
 def model_label(name: str) -> str:
@@ -13,14 +13,6 @@ def model_label(name: str) -> str:
         return f"SBD fine-tuned from NTP, {name[3:]} steps"
     return {"ntp": "NTP-only", "sbd": "SBD from scratch", "sbd_no_ntp": "SBD from scratch without NTP"}[name]
 
-
-def find(entries: list[dict], **where: Any) -> list[dict]:
-    return [e for e in entries if all(e.get(key) == value for key, value in where.items())]
-
-
-def one(entries: list[dict], **where: Any) -> dict:
-    (entry,) = find(entries, **where)
-    return entry
 
 
 def chosen_on_validation(entries: list[dict], model: str, block_size: int) -> dict | None:

@@ -1,8 +1,8 @@
 """Small-scale evidence for SBD on a CPU: tiny models trained on the same data, evaluated side by side.
 
-    python experiments/small_scale/run.py               # ~1.5 h on 2 CPU cores; writes results.{json,md}, *.png here
-    python experiments/small_scale/run.py --train-only  # the training part (resumable), ~45 min
-    python experiments/small_scale/run.py --smoke       # about a minute: the same pipeline on toy sizes (tests run it)
+    python -m experiments.small_scale.run               # ~1.5 h on 2 CPU cores; writes results.{json,md}, *.png here
+    python -m experiments.small_scale.run --train-only  # the training part (resumable), ~45 min
+    python -m experiments.small_scale.run --smoke       # about a minute: the same pipeline on toy sizes (tests run it)
 
 Trains an NTP-only model on worked-step addition chats + standard-library code, then fine-tunes it
 with the SBD objective (the paper's setting) at several budgets (one warmup-stable-decay trunk, a
@@ -19,14 +19,14 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
-HERE = os.path.dirname(os.path.abspath(__file__))
+from experiments.small_scale.config import FULL, SMOKE, get_config, stable_steps
+from experiments.small_scale.evaluate import settings
+from sbd_jax.evaluation.results import write_json
 
-from experiments.small_scale.config import FULL, SMOKE, get_config, stable_steps  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 
@@ -48,7 +48,7 @@ def train(name: str, variant: str, steps: int, sizes: dict, corpus, tokenizer_di
     fine-tune, the trunk's steps up to its branch point plus its own)."""
     import jax
 
-    from experiments.small_scale.evaluate import Trained
+    from sbd_jax.evaluation.measure import Trained
     from sbd_jax.trainer import Trainer
 
     runs = os.path.join(workdir, "runs")
@@ -73,7 +73,7 @@ def headline_name(sizes: dict) -> str:
 def evaluate_entries(models: dict, corpus, sizes: dict, cache_path: str) -> list[dict]:
     """One entry per model x decoding setting x split (validation, test); cached in `cache_path`, so an
     interrupted evaluation resumes."""
-    from experiments.small_scale import evaluate as ev
+    from sbd_jax.evaluation import measure as ev
 
     cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
     splits = {"valid": corpus.valid_problems, "test": corpus.test_problems}
@@ -81,7 +81,7 @@ def evaluate_entries(models: dict, corpus, sizes: dict, cache_path: str) -> list
     for name, model in models.items():
         # Every block size for the headline model (the largest fine-tuning budget), the largest for the rest.
         blocks = sizes["block_sizes"] if name == headline_name(sizes) else (max(sizes["block_sizes"]),)
-        for setting in ev.settings(model, blocks, sizes["gammas"], max(sizes["block_sizes"])):
+        for setting in settings(model, blocks, sizes["gammas"], max(sizes["block_sizes"])):
             for split, problems in splits.items():
                 key = f"{name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}"
                 if key not in cache:
@@ -102,8 +102,8 @@ def evaluate_entries(models: dict, corpus, sizes: dict, cache_path: str) -> list
 def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) -> list[dict]:
     """Wall-clock tokens/s at batch 1 and 8 of NTP and of SBD at each block's γ chosen on validation,
     all in this one run, with time(k)/time(1) of this model's forward beside it."""
-    from experiments.small_scale import evaluate as ev
     from experiments.small_scale.report import chosen_on_validation
+    from sbd_jax.evaluation import measure as ev
 
     problems = corpus.test_problems[: sizes["speed_problems"]]
     chosen = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
@@ -130,9 +130,9 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
                         results_dir: str, began: float) -> None:
     import jax
 
-    from experiments.small_scale import evaluate as ev
     from experiments.small_scale.report import write_report
     from sbd_jax.data import load_packed, padding_fraction
+    from sbd_jax.evaluation import measure as ev
 
     ntp = models["ntp"]
     padding = {name: padding_fraction(load_packed([path], ntp.tokenizer, sizes["seq_len"]))
@@ -144,7 +144,7 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
     headline = headline_name(sizes)
     entries += speed_entries(models[headline], headline, entries, corpus, sizes)
     results = {
-        "command": "python experiments/small_scale/run.py" + (" --smoke" if args.smoke else ""),
+        "command": "python -m experiments.small_scale.run" + (" --smoke" if args.smoke else ""),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
                     "device": str(jax.devices()[0])},
@@ -158,8 +158,7 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
         "loss_curves": curves,
         "entries": entries,
     }
-    with open(os.path.join(results_dir, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(os.path.join(results_dir, "results.json"), results)
     write_report(results, results_dir)
     print(f"wrote {results_dir}/results.json, results.md and plots in {results['runtime_seconds']['total']:.0f} s")
 
@@ -174,8 +173,8 @@ def main() -> None:
     args = parser.parse_args()
     began = time.perf_counter()
 
-    from experiments.small_scale.char_tokenizer import save_char_tokenizer
     from experiments.small_scale.corpus import build_corpus
+    from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
 
     sizes = SMOKE if args.smoke else FULL
     results_dir = args.results or (args.workdir if args.smoke else HERE)

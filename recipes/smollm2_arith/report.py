@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from experiments.small_scale.evaluate import paired_difference
-from experiments.small_scale.report import find, one
+from sbd_jax.evaluation.scoring import find, one, paired_difference
 
 LABELS = {"base": "SmolLM2-135M-Instruct (base)", "stage1": "stage 1 (NTP SFT)", "stage2": "stage 2 (SBD fine-tune)"}
 

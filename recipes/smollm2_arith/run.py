@@ -1,11 +1,11 @@
 """A real pretrained model turned into an SBD model on a CPU: SmolLM2-135M-Instruct on worked-step addition.
 
-    python recipes/smollm2_arith/run.py --workdir runs/smollm2_arith      # about 2 h on a 2-core CPU (resumable)
-    python recipes/smollm2_arith/run.py --workdir runs/smollm2_arith --train-only
-    python recipes/smollm2_arith/run.py --workdir /tmp/smoke --smoke --base DIR   # toy sizes (the tests)
+    python -m recipes.smollm2_arith.run --workdir runs/smollm2_arith      # about 2 h on a 2-core CPU (resumable)
+    python -m recipes.smollm2_arith.run --workdir runs/smollm2_arith --train-only
+    python -m recipes.smollm2_arith.run --workdir /tmp/smoke --smoke --base DIR   # toy sizes (the tests)
 
 Stage 1 fine-tunes the base model with next-token loss on the addition task of
-experiments/small_scale/arithmetic.py; stage 2 fine-tunes stage 1 with the SBD objective (the
+sbd_jax/evaluation/arithmetic.py; stage 2 fine-tunes stage 1 with the SBD objective (the
 paper's setting: an NTP model first). Problems are plain prompts, `question=` then the worked answer
 (`prompt` / `completion` records, loss on the answer and its EOS): 65 tokens a problem on average
 against 95 through SmolLM2's chat template, whose default system prompt is 30 tokens of every row.
@@ -22,11 +22,11 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
 
+from sbd_jax.evaluation.results import write_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 FULL = dict(train_problems=20000, valid_problems=200, test_problems=1000, max_digits=5, seq_len=128, batch=8,
@@ -47,7 +47,7 @@ def plain_prompt(tokenizer, question: str) -> list[int]:
 
 def write_data(out: str, sizes: dict) -> dict:
     """Training problems as prompt/completion JSONL; validation and test problems disjoint from them."""
-    from experiments.small_scale.arithmetic import splits
+    from sbd_jax.evaluation.arithmetic import splits
 
     os.makedirs(out, exist_ok=True)
     train, valid, test = splits(sizes["train_problems"], sizes["valid_problems"], sizes["test_problems"],
@@ -96,8 +96,8 @@ def load(name: str, spec: str, scan_layers: bool):
     runs); unrolled layers for wall-clock (no per-layer slicing of stacked weights)."""
     import jax
 
-    from experiments.small_scale.evaluate import Trained
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.evaluation.measure import Trained
 
     loaded = load_model(spec, scan_layers=scan_layers)
     return Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
@@ -116,13 +116,13 @@ class Evaluations:
     """Entries (one per model x setting x split), each computed once and cached in a JSON file."""
 
     def __init__(self, path: str, sizes: dict, data: dict):
-        from recipes.entries import EntryCache
+        from sbd_jax.evaluation.entries import EntryCache
 
         self.sizes, self.data, self.cache = sizes, data, EntryCache(path)
 
     def get(self, model, setting: dict, split: str, limit: int | None = None) -> dict:
         """The entry of `model` decoding the split's problems (the first `limit` of them) with `setting`."""
-        from experiments.small_scale.evaluate import arithmetic_metrics
+        from sbd_jax.evaluation.measure import arithmetic_metrics
 
         problems = self.data[split][:limit]
         key = f"{model.name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}|{len(problems)}"
@@ -170,7 +170,7 @@ def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
 def speed(model, entries: list[dict], sizes: dict, test: list) -> list[dict]:
     """Decoding tokens/s of stage 2 at batch 1 and 8: NTP, SBD at each block's chosen γ and verified
     SBD, in this one run; time(k)/time(1) of one forward on this CPU and on an H100 (roofline)."""
-    from experiments.small_scale.evaluate import forward_cost_ratio, tokens_per_second
+    from sbd_jax.evaluation.measure import forward_cost_ratio, tokens_per_second
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
@@ -224,7 +224,7 @@ def main() -> None:
     del models
     entries += speed(load("stage2", stages["stage2"]["hf"], False), entries, sizes, data["test"])
     results = {
-        "command": "python recipes/smollm2_arith/run.py --workdir runs/smollm2_arith" + (" --smoke" if args.smoke else ""),
+        "command": "python -m recipes.smollm2_arith.run --workdir runs/smollm2_arith" + (" --smoke" if args.smoke else ""),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "jax": jax.__version__, "device": str(jax.devices()[0])},
         "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()},
@@ -235,8 +235,7 @@ def main() -> None:
     }
     out = args.results or (args.workdir if args.smoke else HERE)
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(os.path.join(out, "results.json"), results)
     write_report(results, out)
     print(f"wrote {out}/results.json, results.md and accuracy_vs_passes.png")
 

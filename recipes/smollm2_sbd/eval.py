@@ -1,6 +1,6 @@
 """Base model vs its SBD fine-tune on real text: HumanEval, held-out prompts, held-out NTP loss, speed.
 
-    python recipes/smollm2_sbd/eval.py --tuned runs/x/train/hf --data runs/x/data --out runs/x/results
+    python -m recipes.smollm2_sbd.eval --tuned runs/x/train/hf --data runs/x/data --out runs/x/results
 
 Rows (greedy decoding throughout):
 - NTP decoding of the base and of the fine-tuned model;
@@ -26,8 +26,9 @@ import sys
 import time
 from typing import Any, NamedTuple, Sequence
 
+from sbd_jax.evaluation.scoring import first_difference
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 
 BLOCK_SIZES = (4, 8, 16)
 PAPER_GAMMAS = (0.35, 0.6)  # the paper's chat settings
@@ -56,26 +57,19 @@ def chat(tokenizer: Any, question: str) -> list[int]:
     return encode_prompt(tokenizer, question, chat=True)
 
 
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token of two outputs (the shorter's length if one extends the
-    other), None if they are equal."""
-    if list(a) == list(b):
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
 
 class Evaluations:
     """Decodes (model, setting, split) once; per-prompt outputs are cached in a JSON file."""
 
     def __init__(self, path: str, models: dict, splits: dict[str, list[Prompt]], max_new_tokens: int,
                  batch_size: int):
-        from recipes.entries import EntryCache
+        from sbd_jax.evaluation.entries import EntryCache
 
         self.models, self.splits, self.cache = models, splits, EntryCache(path)
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
 
     def get(self, model: str, setting: dict, split: str) -> dict:
-        from experiments.small_scale.evaluate import decode
+        from sbd_jax.evaluation.measure import decode
 
         prompts = self.splits[split]
         key = f"{model}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}|{len(prompts)}"
@@ -165,7 +159,7 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
 
 def heldout_loss(models: dict, files: Sequence[str], seq_len: int, rows: int) -> dict:
     """Mean NTP loss on real text neither model was fine-tuned on (`rows` packed rows of the files)."""
-    from experiments.small_scale.evaluate import heldout_ntp_loss
+    from sbd_jax.evaluation.measure import heldout_ntp_loss
 
     return {name: heldout_ntp_loss(model, files, seq_len, max_rows=rows) for name, model in models.items()}
 
@@ -173,7 +167,7 @@ def heldout_loss(models: dict, files: Sequence[str], seq_len: int, rows: int) ->
 def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) -> list[dict]:
     """Decoding tokens/s at batch 1 and 8 in this one run: NTP, plain SBD at each block's chosen γ, and
     verified SBD; beside it time(k)/time(1) of one forward here and on an H100 (roofline)."""
-    from experiments.small_scale.evaluate import forward_cost_ratio, tokens_per_second
+    from sbd_jax.evaluation.measure import forward_cost_ratio, tokens_per_second
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
@@ -202,8 +196,8 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
 def load(name: str, spec: str, scan_layers: bool, dtype: str):
     import jax
 
-    from experiments.small_scale.evaluate import Trained
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.evaluation.measure import Trained
 
     loaded = load_model(spec, dtype=dtype, scan_layers=scan_layers)
     return Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)

@@ -45,8 +45,8 @@ collect() {  # copy whatever results exist, also after a failure or a timeout
 }
 trap collect EXIT
 
-timeout 60 python3 benchmarks/preflight.py --out "${OUT:-$dest}/recipe_preflight.json" || echo "preflight failed"
-timeout --kill-after=10 "$limit" python3 recipes/smollm2_sbd/run.py --workdir "$work" --results "$dest" "${base[@]}" "${size[@]}"
+timeout 60 python3 -m benchmarks.preflight --out "${OUT:-$dest}/recipe_preflight.json" || echo "preflight failed"
+timeout --kill-after=10 "$limit" python3 -m recipes.smollm2_sbd.run --workdir "$work" --results "$dest" "${base[@]}" "${size[@]}"
 rc=$?
 echo "recipe: exit $rc$([[ $rc == 124 ]] && echo ' (timed out; rerun to resume)')"
 exit $rc

@@ -104,7 +104,7 @@ def markdown(results: dict) -> str:
     else:
         stages.append("evaluation not run yet")
     head = [f"# SmolLM2-135M-Instruct → SBD on real prompts ({results['preset']})", "",
-            f"Command: `{results['command']}` at commit {results['commit']} on {results['machine']}.",
+            f"Command: `{results['command']}` at commit {results['provenance']['commit']} on {results['machine']}.",
             f"Stages: {', '.join(stages)}. Greedy decoding everywhere.", ""]
     body = data_lines(results)
     if "evaluation" in results:

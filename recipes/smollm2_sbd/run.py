@@ -1,8 +1,8 @@
 """The whole recipe, one command: self-distilled data -> SBD fine-tune -> evaluation against the base model.
 
-    python recipes/smollm2_sbd/run.py --workdir runs/smollm2_sbd     # sized for one H200 (not yet run on one)
-    python recipes/smollm2_sbd/run.py --workdir runs/cpu --cpu      # the real-text study on a 2-core CPU
-    python recipes/smollm2_sbd/run.py --workdir /tmp/smoke --smoke  # toy sizes: checks every stage
+    python -m recipes.smollm2_sbd.run --workdir runs/smollm2_sbd     # sized for one H200 (not yet run on one)
+    python -m recipes.smollm2_sbd.run --workdir runs/cpu --cpu      # the real-text study on a 2-core CPU
+    python -m recipes.smollm2_sbd.run --workdir /tmp/smoke --smoke  # toy sizes: checks every stage
 
 Stages skip what is already done in --workdir: distilled data is reused, training resumes from its
 last checkpoint (Orbax), milestone exports and every evaluation entry are cached. Results go to
@@ -21,8 +21,9 @@ import platform
 import sys
 import time
 
+from sbd_jax.evaluation.results import write_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Distillation: train_prompts answered with at most answer_tokens; held out: valid + test prompts.
@@ -45,7 +46,12 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     (held-out prompts), and data.json (counts and how repetitive the answers are)."""
     import jax
 
-    from recipes.smollm2_sbd.distill import chat_answers, repetition, write_distilled, write_prompts
+    from recipes.smollm2_sbd.distill import (
+        chat_answers,
+        repetition,
+        write_distilled,
+        write_prompts,
+    )
     from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, make_prompts
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.decoders import NTPDecoder
@@ -114,7 +120,14 @@ def train(cfg, workdir: str) -> dict:
 
 def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype: str) -> list[dict]:
     """Tokens per forward on the validation prompts at every milestone: verified SBD and plain SBD (γ 0.35)."""
-    from recipes.smollm2_sbd.eval import Evaluations, Prompt, load, ntp_setting, sbd_setting, summary
+    from recipes.smollm2_sbd.eval import (
+        Evaluations,
+        Prompt,
+        load,
+        ntp_setting,
+        sbd_setting,
+        summary,
+    )
     from sbd_jax.jsonl import iter_jsonl
 
     valid = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(data, "valid.jsonl"))]
@@ -151,7 +164,7 @@ def main(argv: list[str]) -> None:
 
     from recipes.smollm2_sbd import eval as evaluation
     from recipes.smollm2_sbd.report import write_report
-    from sbd_jax.provenance import commit
+    from sbd_jax.evaluation.results import provenance
 
     preset = "smoke" if args.smoke else "cpu" if args.cpu else "gpu"
     sizes = dict(SMOKE if args.smoke else CPU if args.cpu else GPU)
@@ -161,8 +174,8 @@ def main(argv: list[str]) -> None:
     data, train_dir = os.path.join(args.workdir, "data"), os.path.join(args.workdir, "train")
     out = args.results or (os.path.join(args.workdir, "results") if args.smoke else os.path.join(HERE, "results", preset))
     os.makedirs(out, exist_ok=True)
-    command = "python recipes/smollm2_sbd/run.py --workdir WORKDIR" + {"gpu": "", "cpu": " --cpu", "smoke": " --smoke"}[preset]
-    results = {"preset": preset, "command": command, "commit": commit(), "sizes": sizes, "dtype": dtype,
+    command = "python -m recipes.smollm2_sbd.run --workdir WORKDIR" + {"gpu": "", "cpu": " --cpu", "smoke": " --smoke"}[preset]
+    results = {"provenance": provenance(), "preset": preset, "command": command, "sizes": sizes, "dtype": dtype,
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0]}, jax {jax.__version__}"}
     seconds_path = os.path.join(args.workdir, "seconds.json")  # stage times, summed over invocations
     seconds = json.load(open(seconds_path)) if os.path.exists(seconds_path) else {"distill": 0.0, "train": 0.0, "eval": 0.0}
@@ -200,8 +213,7 @@ def main(argv: list[str]) -> None:
 
 
 def _write(results: dict, out: str, write_report) -> None:
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(os.path.join(out, "results.json"), results)
     write_report(results, out)
     print(f"wrote {out}/results.json and results.md", flush=True)
 

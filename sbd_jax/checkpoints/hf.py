@@ -64,16 +64,6 @@ def stack_layers(params: dict, num_layers: int) -> dict:
     return {**rest, "layers": jax.tree.map(lambda *xs: np.stack(xs), *per_layer)}
 
 
-def unstack_layers(params: dict, num_layers: int) -> dict:
-    """Inverse of `stack_layers`."""
-    if "layers" not in params:
-        return params
-    rest = {k: v for k, v in params.items() if k != "layers"}
-    for i in range(num_layers):
-        rest[f"layers_{i}"] = jax.tree.map(lambda x, i=i: x[i], params["layers"])
-    return rest
-
-
 def read_config(path: str, **run_options: Any) -> ModelConfig:
     config_file = os.path.join(path, "config.json")
     if not os.path.isfile(config_file):

@@ -1,0 +1,3 @@
+"""Evaluation shared by the small-scale study, the recipes and the benchmarks: the arithmetic task with
+its one split rule (`arithmetic`, `char_tokenizer`), measuring a model (`measure`), scoring
+(`scoring`), resumable evaluation entries (`entries`) and the stamped result writer (`results`)."""

@@ -1,0 +1,49 @@
+"""Where a result came from, and the one writer of result files: every JSON a benchmark, study or recipe
+writes carries the commit it was measured at, when, the command, the machine and the device."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+
+
+def commit() -> str:
+    """This checkout's commit, `+dirty` if tracked files differ from it. Outside a git checkout (a copy
+    of the tree on a device machine): $SBD_COMMIT if set, else "unknown"."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    if not head:
+        return os.environ.get("SBD_COMMIT", "unknown")
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def provenance() -> dict[str, str]:
+    """`commit`, `measured_at` (UTC, ISO 8601), the `command` that ran, the `machine` (host, CPUs),
+    the `jax` version and the first `device`."""
+    import jax
+
+    return {"commit": commit(), "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": shlex.join([os.path.basename(sys.executable), *sys.orig_argv[1:]]),
+            "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
+            "jax": jax.__version__, "device": str(jax.devices()[0])}
+
+
+def write_json(path: str, data: dict) -> None:
+    """Rewrites `path` whole (a temporary file, then a rename), so a reader never sees half a file;
+    adds `provenance` unless `data` has it."""
+    data = data if "provenance" in data else {"provenance": provenance(), **data}
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(path + ".tmp", path)

@@ -1,0 +1,229 @@
+"""The training config, typed: frozen dataclasses per section that check their own values.
+
+Config files stay `ml_collections` (`configs/*.py`, `--config.train.steps=50` at the command line); the
+trainer converts one once, with `TrainConfig.from_config_dict`, so a misspelt key, a value of the wrong
+type or an impossible combination is a one-line error before any model is loaded or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from sbd_jax.errors import UserError
+
+REMAT_POLICIES = ("none", "full", "dots")
+ATTENTION_IMPLS = ("auto", "reference", "blockwise", "splash")  # see attention.py
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _one_of(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise UserError(f"config {name}={value!r}: use one of {', '.join(map(repr, allowed))}")
+
+
+def _at_least(name: str, value: float, low: float, why: str = "") -> None:
+    if value < low:
+        raise UserError(f"config {name}={value} must be >= {low}{f' ({why})' if why else ''}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Where the processes of a multi-host run meet; empty / 0 / -1: detected from the cluster."""
+
+    coordinator_address: str = ""  # host:port of process 0
+    num_processes: int = 0
+    process_id: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """The model to train and how to run it. `remat` and `attention` shape only the training step, so
+    they live here, not in the `ModelConfig` that keys every decoding compile."""
+
+    name: str = ""  # a model to fine-tune: known name, HF directory or .gguf file
+    architecture: dict | None = None  # or random init of these ModelConfig fields
+    tokenizer: str = ""  # with `architecture`: where the tokenizer comes from (name / dir / gguf)
+    dtype: str = "float32"  # compute dtype; master weights and optimizer state stay float32
+    scan_layers: bool = False
+    remat: str = "none"  # none | full | dots
+    attention: str = "auto"  # auto | reference | blockwise | splash (TPU)
+
+    def __post_init__(self) -> None:
+        _one_of("model.dtype", self.dtype, DTYPES)
+        _one_of("model.remat", self.remat, REMAT_POLICIES)
+        _one_of("model.attention", self.attention, ATTENTION_IMPLS)
+        if not self.name and not self.architecture:
+            raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The training data stream (sbd_jax/streaming.py): the global batch is every shard's next rows;
+    shard s is read by host s % hosts. Batches depend on (files, seed, shards, workers), not on hosts."""
+
+    files: tuple[str, ...] = ()  # JSONL (text / messages) or text files, globs allowed
+    seq_len: int = 256
+    shards: int = 0  # 0: one shard per host
+    workers: int = 2  # Grain worker processes per shard (0: read in the main process)
+    mask_token: str = "new"  # 'new' (a new embedding row), an existing token's text, or its id ("198")
+
+    def __post_init__(self) -> None:
+        _at_least("data.seq_len", self.seq_len, 2)
+        _at_least("data.shards", self.shards, 0)
+        _at_least("data.workers", self.workers, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+    """The loss: SBD's joint NTP + MATP (block size k ~ U{min..max} per step, masking rate ~ U[eta])
+    or the NTP baseline."""
+
+    kind: str = "sbd"  # sbd | ntp
+    block_size_min: int = 2
+    block_size_max: int = 16
+    w_ntp: float = 1.0
+    w_matp: float = 1.0
+    eta_min: float = 0.0
+    eta_max: float = 1.0
+
+    def __post_init__(self) -> None:
+        _one_of("objective.kind", self.kind, ("sbd", "ntp"))
+        if self.block_size_min > self.block_size_max:
+            raise UserError(f"config objective.block_size_min={self.block_size_min} > "
+                            f"block_size_max={self.block_size_max}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The `train` section: how long, how big a batch, how often the host looks at metrics."""
+
+    steps: int = 100
+    batch_size: int = 8
+    grad_accum: int = 1
+    log_every: int = 10  # steps between metric fetches (the only host sync; checkpoints fetch too)
+
+    def __post_init__(self) -> None:
+        _at_least("train.steps", self.steps, 1)
+        _at_least("train.batch_size", self.batch_size, 1)
+        _at_least("train.grad_accum", self.grad_accum, 1)
+        _at_least("train.log_every", self.log_every, 1, "steps between metric fetches")
+        if self.batch_size % self.grad_accum:
+            raise UserError(f"config train.batch_size={self.batch_size} is not divisible by "
+                            f"train.grad_accum={self.grad_accum}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW and its learning-rate schedule (see train_step.make_optimizer)."""
+
+    lr: float = 3e-4
+    warmup_steps: int = 10
+    schedule: str = "cosine"  # cosine (to final_lr_ratio at train.steps) | wsd (warmup-stable-decay)
+    decay_steps: int = 0  # wsd: linear decay to final_lr_ratio over the last decay_steps steps
+    final_lr_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        _one_of("optimizer.schedule", self.schedule, ("cosine", "wsd"))
+        _at_least("optimizer.warmup_steps", self.warmup_steps, 0)
+        _at_least("optimizer.decay_steps", self.decay_steps, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 50
+    keep: int = 3
+    keep_period: int = 0  # > 0: also keep every checkpoint whose step is a multiple of it (milestones)
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        _at_least("checkpoint.every", self.every, 1)
+        _at_least("checkpoint.keep", self.keep, 1)
+        _at_least("checkpoint.keep_period", self.keep_period, 0, "0: keep only the last checkpoint.keep")
+
+
+SECTIONS = dict(distributed=DistributedConfig, model=ModelSection, data=DataConfig, objective=ObjectiveConfig,
+                train=LoopConfig, optimizer=OptimizerConfig, checkpoint=CheckpointConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A whole training run's config; checks what spans sections (the others check themselves)."""
+
+    model: ModelSection
+    data: DataConfig = DataConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    train: LoopConfig = LoopConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    seed: int = 0
+    multihost: bool = False  # True: jax.distributed.initialize() (one process per host)
+    mesh: tuple[int, ...] = (1, -1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
+    export_hf: bool = True  # write workdir/hf (an HF directory with the mask token) at the end
+    # Start from another run's checkpoint (state and data position) when this workdir has none: its
+    # workdir, and the step (0 = its latest). E.g. branch a decay phase off a long WSD run.
+    init_from: str = ""
+    init_step: int = 0
+
+    def __post_init__(self) -> None:
+        from sbd_jax.objective import check_objective
+
+        for k in (self.objective.block_size_min, self.objective.block_size_max):
+            check_objective(k, (self.objective.eta_min, self.objective.eta_max), self.data.seq_len)
+        if self.optimizer.decay_steps > self.train.steps:
+            raise UserError(f"config optimizer.decay_steps={self.optimizer.decay_steps} must be in [0, train.steps]")
+        if len(self.mesh) != 3:
+            raise UserError(f"config mesh={self.mesh}: give (data, fsdp, tensor), -1 for the remaining devices")
+        if self.init_from and not os.path.isdir(os.path.join(self.init_from, "checkpoints")):
+            raise UserError(f"config init_from={self.init_from!r} holds no checkpoints/ directory: give another "
+                            "run's workdir")
+
+    @classmethod
+    def from_config_dict(cls, config: Any) -> "TrainConfig":
+        """Converts an `ml_collections.ConfigDict` (or a nested dict) of a config file; unknown keys and
+        values of the wrong type are refused by name."""
+        raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        sections = {}
+        for name, section in SECTIONS.items():
+            values = raw.pop(name, {}) or {}
+            sections[name] = section(**_typed(section, values, name + "."))
+        return cls(**sections, **_typed(cls, raw, "", skip=SECTIONS))
+
+
+def _typed(cls: type, values: dict, prefix: str, skip: dict | None = None) -> dict:
+    """`values` checked against `cls`'s fields (types taken from their defaults): an int where a float
+    is expected is accepted, a list where a tuple is; anything else names the key and what it wants."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if not skip or f.name not in skip}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise UserError(f"config has no key {prefix}{unknown[0]}; the {prefix.rstrip('.') or 'top'} level has "
+                        f"{', '.join(sorted(fields))}")
+    out = {}
+    for key, value in values.items():
+        default = fields[key].default
+        name = prefix + key
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, float):
+            ok, value = isinstance(value, (int, float)) and not isinstance(value, bool), value
+            value = float(value) if ok else value
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        elif isinstance(default, tuple):
+            ok = isinstance(value, (tuple, list))
+            value = tuple(value) if ok else value
+        else:  # model.architecture: a dict or nothing
+            ok = value is None or isinstance(value, dict)
+        if not ok:
+            raise UserError(f"config {name}={value!r}: expected {type(default).__name__ if default is not None else 'a dict'}")
+        out[key] = value
+    return out

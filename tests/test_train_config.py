@@ -1,0 +1,79 @@
+"""The typed training config: every config file converts, and bad keys, types and values are refused by name."""
+
+import dataclasses
+import glob
+import os
+
+import pytest
+
+from configs import tiny
+from configs.base import get_base
+from sbd_jax.config_files import load_config_file
+from sbd_jax.errors import UserError
+from sbd_jax.train_config import DataConfig, LoopConfig, ModelSection, TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_defaults_and_every_config_file_convert():
+    """The dataclass defaults are the base config's, and every configs/*.py converts (the 8B configs
+    name their model at run time: their ARCHITECTURE stands in)."""
+    base = get_base()
+    base.model.name = "smollm2-135m"
+    converted = TrainConfig.from_config_dict(base)
+    assert converted == TrainConfig(model=ModelSection(name="smollm2-135m"))
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))):
+        if os.path.basename(path) in ("__init__.py", "base.py"):
+            continue
+        cfg, architecture = load_config_file(path)
+        if architecture:
+            cfg.model.architecture = architecture
+        converted = TrainConfig.from_config_dict(cfg)
+        assert converted.train.steps == cfg.train.steps and converted.data.files == tuple(cfg.data.files), path
+
+
+def test_the_config_is_frozen():
+    cfg = TrainConfig.from_config_dict(tiny.get_config())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.train.steps = 3
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("train", "stepz", 5, r"config has no key train.stepz; the train level has batch_size, grad_accum, log_every, steps"),
+    ("train", "steps", "100", r"config train.steps='100': expected int"),
+    ("train", "steps", 1.5, r"config train.steps=1.5: expected int"),
+    ("checkpoint", "async_save", 1, r"config checkpoint.async_save=1: expected bool"),
+    ("model", "remat", "sometimes", r"config model.remat='sometimes': use one of 'none', 'full', 'dots'"),
+    ("model", "attention", "flash", r"config model.attention='flash': use one of 'auto', 'reference'"),
+    ("model", "dtype", "int8", r"config model.dtype='int8'"),
+    ("optimizer", "schedule", "linear", r"config optimizer.schedule='linear'"),
+    ("optimizer", "decay_steps", 500, r"optimizer.decay_steps=500 must be in \[0, train.steps\]"),
+    ("checkpoint", "keep_period", -1, r"checkpoint.keep_period=-1 must be >= 0"),
+    ("checkpoint", "every", 0, r"checkpoint.every=0 must be >= 1"),
+    ("data", "workers", -1, r"data.workers=-1 must be >= 0"),
+])
+def test_a_bad_key_type_or_value_is_named(section, key, value, message):
+    cfg = tiny.get_config().to_dict()
+    cfg[section][key] = value
+    with pytest.raises(UserError, match=message):
+        TrainConfig.from_config_dict(cfg)
+
+
+def test_a_model_must_be_named_or_described():
+    with pytest.raises(UserError, match="set config.model.name .* or config.model.architecture"):
+        TrainConfig.from_config_dict(get_base())
+
+
+def test_ints_pass_as_floats_and_lists_as_tuples():
+    cfg = tiny.get_config().to_dict()
+    cfg["optimizer"]["lr"], cfg["data"]["files"], cfg["mesh"] = 1, ["a.jsonl"], [1, -1, 1]
+    converted = TrainConfig.from_config_dict(cfg)
+    assert converted.optimizer.lr == 1.0 and isinstance(converted.optimizer.lr, float)
+    assert converted.data.files == ("a.jsonl",) and converted.mesh == (1, -1, 1)
+
+
+def test_sections_check_themselves_when_built_directly():
+    with pytest.raises(UserError, match="train.batch_size=6 is not divisible by train.grad_accum=4"):
+        LoopConfig(batch_size=6, grad_accum=4)
+    with pytest.raises(UserError, match="data.seq_len=1 must be >= 2"):
+        DataConfig(seq_len=1)
