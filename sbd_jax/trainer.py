@@ -139,7 +139,7 @@ class Trainer:
         progress = Progress(start, total)
         window = Window(self.cfg.train.batch_size * self.cfg.data.seq_len, self._flops_per_step(),
                         device_peak_flops(jax.devices()[0], self.config.dtype))
-        stopped_at = None
+        stopped_at, previous = None, None
         with (MetricsLog(self.workdir, start, primary=jax.process_index() == 0) as log,
               train_checkpoints.finishing_saves(manager), StopRequest() as stop):
             for step in range(start, total):
@@ -150,7 +150,12 @@ class Trainer:
                 block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
                 compiled, compile_seconds = self.compiled_step((self.state, batch, rng, block_size))
                 self.state, metrics = compiled(self.state, batch, rng, block_size)
-                window.add(step + 1, k, metrics, compile_seconds)  # stays on device: dispatch runs ahead
+                window.add(step + 1, k, metrics, compile_seconds)  # stays on device until the window's fetch
+                # Step N is queued; wait for N - 1. Unbounded, dispatch ran ahead to the next fetch and
+                # waited there in C, where Python's SIGTERM handler cannot run (ten steps, not one).
+                if previous is not None:
+                    jax.block_until_ready(previous)
+                previous = metrics["loss"]
                 checkpoint = (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == total
                 sync_point = checkpoint or (step + 1) % self.cfg.train.log_every == 0
                 if stop.agreed(sync_point):  # SIGTERM: save this step and stop

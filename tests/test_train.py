@@ -193,6 +193,44 @@ def test_sigterm_after_a_save_with_grain_workers_still_stops_the_run(tmp_path):
     assert saved[0] == 4 and 4 < saved[-1] < 40, saved
 
 
+IN_FLIGHT = r"""
+import sys
+from tests.test_train import quick_config
+from sbd_jax.trainer import Trainer
+
+cfg = quick_config(train__steps=24, train__log_every=1000, checkpoint__every=1000)  # one sync: the end
+cfg.mesh, cfg.export_hf = (1, 1, 1), False
+trainer = Trainer(cfg, sys.argv[1])
+compiled_step, losses, unfinished = trainer.compiled_step, [], []
+
+def counting(example):
+    compiled, seconds = compiled_step(example)
+
+    def step(*args):
+        unfinished.append(sum(not loss.is_ready() for loss in losses))  # earlier steps still running
+        state, metrics = compiled(*args)
+        losses.append(metrics["loss"])
+        return state, metrics
+    return step, seconds
+
+trainer.compiled_step = counting
+trainer.run()
+print(max(unfinished))
+"""
+
+
+@requires_smollm2
+def test_at_most_two_steps_are_in_flight(tmp_path):
+    """Dispatch runs ahead of the device; unbounded, the loop queued every step up to the next metric
+    fetch and then waited there in C, where no Python signal handler runs: the real-text study took ten
+    85-second steps to answer a SIGTERM. The loop waits for step N - 1 after dispatching step N, so a
+    SIGTERM is answered within two steps. One CPU device (a subprocess): there dispatch is asynchronous."""
+    proc = subprocess.run([sys.executable, "-c", IN_FLIGHT, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "XLA_FLAGS": ""}, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout.split()[-1]) <= 1  # when step N is dispatched, at most step N - 1 still runs
+
+
 @requires_smollm2
 def test_keep_period_keeps_milestones_beyond_the_latest_checkpoints(tmp_path):
     cfg = quick_config(train__steps=8, checkpoint__every=2, checkpoint__keep=1, checkpoint__keep_period=4)
