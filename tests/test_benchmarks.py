@@ -40,7 +40,7 @@ def test_h200_script_smoke(tmp_path):
     assert "stage preflight: exit 0" in log and "stage sbd: exit 0" in log
 
 def test_a_run_cut_short_keeps_valid_partial_results(tmp_path):
-    proc = smoke(tmp_path, limit=20)
+    proc = smoke(tmp_path, limit=45)  # past the preflight (~10 s alone; slower on a loaded machine), far from the end
     assert proc.returncode in (124, 137)  # it was cut short
     assert json.load(open(tmp_path / "smoke_preflight.json"))["tiny_layer"]["finite"]
     for name in os.listdir(tmp_path):

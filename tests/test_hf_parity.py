@@ -14,9 +14,10 @@ from tests.hf_models import torch_logits
 TOKENS = np.random.RandomState(0).randint(0, 97, (2, 48))  # 48 > 32 original positions: llama3 scaling acts
 
 
-def jax_logits(cfg, params, tokens=TOKENS):
+def jax_logits(cfg, params, tokens=TOKENS, remat="none"):
     positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
-    logits, _ = jax.jit(Transformer(cfg).apply)({"params": params}, jnp.asarray(tokens), jnp.asarray(positions))
+    logits, _ = jax.jit(Transformer(cfg, remat=remat).apply)({"params": params}, jnp.asarray(tokens),
+                                                            jnp.asarray(positions))
     return np.asarray(logits)
 
 
@@ -37,22 +38,23 @@ def test_logits_match_transformers_and_export_round_trips(tiny_hf_dir, tmp_path,
     np.testing.assert_allclose(torch_logits(reloaded.eval(), TOKENS), reference, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("options", [{"scan_layers": True}, {"remat": "full"}, {"scan_layers": True, "remat": "dots"}])
-def test_scan_and_remat_do_not_change_logits_or_gradients(tiny_hf_dir, options):
+@pytest.mark.parametrize("scan_layers, remat", [(True, "none"), (False, "full"), (True, "dots")])
+def test_scan_and_remat_do_not_change_logits_or_gradients(tiny_hf_dir, scan_layers, remat):
     path, torch_model = tiny_hf_dir("qwen3")
     plain_cfg = hf.read_config(path)
-    cfg = hf.read_config(path, **options)
+    cfg = hf.read_config(path, scan_layers=scan_layers)
     plain, params = hf.load_params(path, plain_cfg), hf.load_params(path, cfg)
     if cfg.scan_layers:
         assert params["layers"]["mlp"]["up_proj"]["kernel"].shape[0] == cfg.num_layers
-    np.testing.assert_allclose(jax_logits(cfg, params), torch_logits(torch_model, TOKENS), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(jax_logits(cfg, params, remat=remat), torch_logits(torch_model, TOKENS), atol=1e-4,
+                               rtol=0)
 
-    def loss(p, c):
-        logits, _ = Transformer(c).apply({"params": p}, TOKENS, np.broadcast_to(np.arange(48), TOKENS.shape))
+    def loss(p, model):
+        logits, _ = model.apply({"params": p}, TOKENS, np.broadcast_to(np.arange(48), TOKENS.shape))
         return jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, TOKENS[..., None], -1)[..., 0])
 
-    g_plain = jax.grad(loss)(plain, plain_cfg)
-    g = jax.grad(loss)(params, cfg)
+    g_plain = jax.grad(loss)(plain, Transformer(plain_cfg))
+    g = jax.grad(loss)(params, Transformer(cfg, remat=remat))
     if cfg.scan_layers:
         g = {**{k: v for k, v in g.items() if k != "layers"},  # the scanned stack, back to one tree a layer
              **{f"layers_{i}": jax.tree.map(lambda x, i=i: x[i], g["layers"]) for i in range(cfg.num_layers)}}
