@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from sbd_jax.errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-_DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +72,18 @@ class ModelConfig:
         if self.head_dim % 2:
             raise UserError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise UserError(f"config {name}={getattr(self, name)!r}: use one of {', '.join(_DTYPES)}")
+            if getattr(self, name) not in DTYPES:
+                raise UserError(f"config {name}={getattr(self, name)!r}: use one of {', '.join(DTYPES)}")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise UserError(f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
-        return _DTYPES[self.dtype]
+        return DTYPES[self.dtype]
 
     @property
     def weights_dtype(self) -> jnp.dtype:
-        return _DTYPES[self.param_dtype]
+        return DTYPES[self.param_dtype]
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

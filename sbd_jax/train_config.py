@@ -11,11 +11,11 @@ import dataclasses
 import os
 from typing import Any
 
+from sbd_jax.config import DTYPES
 from sbd_jax.errors import UserError
 
 REMAT_POLICIES = ("none", "full", "dots")
 ATTENTION_IMPLS = ("auto", "reference", "blockwise", "splash")  # see attention.py
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _one_of(name: str, value: Any, allowed: tuple) -> None:
@@ -51,7 +51,7 @@ class ModelSection:
     attention: str = "auto"  # auto | reference | blockwise | splash (TPU)
 
     def __post_init__(self) -> None:
-        _one_of("model.dtype", self.dtype, DTYPES)
+        _one_of("model.dtype", self.dtype, tuple(DTYPES))
         _one_of("model.remat", self.remat, REMAT_POLICIES)
         _one_of("model.attention", self.attention, ATTENTION_IMPLS)
         if not self.name and not self.architecture:
