@@ -4,6 +4,7 @@ a run cut short still leaves valid JSON behind."""
 import json
 import os
 import subprocess
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,3 +57,24 @@ def test_dry_run_prints_the_plan():
              if " plan:" in line}
     assert plans["forward_cost"]["compiles"] == 42 and plans["sbd"]["compiles"] == 57
     assert all(p["estimated_minutes"] > 0 for p in plans.values())
+
+
+def test_verify_batches_table_is_consistent(tmp_path):
+    out = tmp_path / "vb.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.verify_batches", "--batches", "1", "2", "--blocks", "4",
+                           "--problems", "2", "--repeats", "1", "--calls", "1", "--skip-smollm2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.load(open(out))["arithmetic"]
+    rows = result["rows"]
+    assert [(r["batch"], r["block_size"]) for r in rows] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert result["calibration_prompts"] == 32 and result["calibration_tokens_per_forward"]["4"] > 1
+    for batch in (1, 2):
+        group = [r for r in rows if r["batch"] == batch]
+        assert group[0]["speedup"] == 1 and group[0]["tokens_per_forward"] == 1  # NTP: one token a forward
+        assert sum(r["rule_choice"] for r in group) == 1
+        for r in group:
+            assert r["prompts"] == 2 and r["tokens_per_second"] > 0 and r["pass_overhead"] > 0
+            assert abs(r["efficiency"] * r["ideal_speedup"] - r["speedup"]) < 1e-9
+            assert abs(r["ideal_speedup"] - r["tokens_per_forward"] * group[0]["bare_forward_seconds"]
+                       / r["bare_forward_seconds"]) < 1e-9

@@ -71,6 +71,30 @@ def test_first_difference_and_gamma_chosen_on_validation_only():
     assert choose_gamma(grid, 4) is None
 
 
+def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_the_same_settings(tmp_path, monkeypatch):
+    from recipes.smollm2_sbd import run
+
+    kept = tmp_path / "kept"
+    (kept / "cpu").mkdir(parents=True)
+    made_with = run.made_with(run.DEFAULT_BASE, run.CPU, "float32")
+    data = {"train": 1, "dropped_unfinished": 0, "train_prompts": 1, "answer_tokens": 256, "valid": 1, "test": 1,
+            "heldout_modules": [], "repetition": {"answers": 1, "mean_tokens": 3, "cut_off": 0.0,
+                                                  "repeat_16_token_window": 0.0, "distinct_4gram_share": 1.0},
+            "made_with": made_with, "made_at": {"commit": "abc1234"}, "seconds": 60.0}
+    (kept / "cpu" / "data.json").write_text(json.dumps(data))
+    (kept / "cpu" / "train.jsonl").write_text('{"messages": []}\n')
+    monkeypatch.setattr(run, "KEPT_DATA", str(kept))
+    assert run.kept_data("cpu", run.DEFAULT_BASE, run.CPU, "float32") == str(kept / "cpu")
+    assert run.kept_data("cpu", "/other/model", run.CPU, "float32") is None
+    assert run.kept_data("cpu", run.DEFAULT_BASE, dict(run.CPU, train_prompts=801), "float32") is None
+    assert run.kept_data("gpu", run.DEFAULT_BASE, run.GPU, "float32") is None
+
+    run.main(["--workdir", str(tmp_path / "w"), "--cpu", "--stop-after", "distill", "--results", str(tmp_path / "r")])
+    assert (tmp_path / "w" / "data" / "train.jsonl").read_text() == '{"messages": []}\n'
+    assert json.load(open(tmp_path / "r" / "results.json"))["data"]["made_at"]["commit"] == "abc1234"
+    assert "distillation 1 min (at commit abc1234)" in (tmp_path / "r" / "results.md").read_text()
+
+
 @requires_smollm2
 def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     """distill -> SBD fine-tune -> evaluation on the real SmolLM2, toy sizes, through the GPU script."""

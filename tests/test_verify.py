@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sbd_jax.block_choice import choose_block_size
 from sbd_jax.decoders import NTPDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.model import Transformer, init_params
@@ -202,3 +203,15 @@ def test_verified_and_plain_sbd_run_wherever_ntp_fits_the_context():
     assert all(len(r.token_ids) == 23 for r in reference + plain)
     with pytest.raises(UserError, match="exceeds the model's context"):
         generate(NTPDecoder(cfg, max_new_tokens=24), params, PROMPTS)
+
+
+def test_the_block_size_rule_picks_the_best_predicted_speedup_or_ntp():
+    tokens = {4: 3.6, 8: 6.0, 16: 9.0}
+    # batch 1: a pass costs little more than a step, so the longest block wins (9.0 / 1.5 = 6.0)
+    assert choose_block_size(tokens, {4: 1.1, 8: 1.2, 16: 1.5}, 1.0) == 16
+    # a larger batch: time grows with the tokens of a pass; 8 wins (6.0 / 2.0 = 3.0 > 3.6 / 1.3, 9.0 / 4.0)
+    assert choose_block_size(tokens, {4: 1.3, 8: 2.0, 16: 4.0}, 1.0) == 8
+    # no block is predicted to beat one token per step: NTP
+    assert choose_block_size({4: 1.0, 8: 1.1}, {4: 1.5, 8: 3.0}, 1.0) == 1
+    with pytest.raises(UserError, match="same block sizes"):
+        choose_block_size({4: 2.0}, {8: 1.0}, 1.0)

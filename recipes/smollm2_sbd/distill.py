@@ -33,6 +33,7 @@ def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequenc
         filled = batch + [batch[-1]] * (min(batch_size, len(encoded)) - len(batch))
         results, _ = generate(decoder, params, filled, pad_to=longest, gamma=gamma, executables=executables)
         generations += results[: len(batch)]
+        print(f"distilled {len(generations)} of {len(encoded)} answers", flush=True)
     texts = [tokenizer.decode(g.token_ids, skip_special_tokens=True) for g in generations]
     return texts, generations
 

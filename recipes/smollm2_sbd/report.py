@@ -93,8 +93,9 @@ def speed_lines(results: dict) -> list[str]:
 
 def markdown(results: dict) -> str:
     """The report of what the run has finished so far (it is rewritten after every stage)."""
-    seconds = results["seconds"]
-    stages = [f"distillation {seconds['distill'] / 60:.0f} min"]
+    seconds, data = results["seconds"], results["data"]
+    stages = [f"distillation {data.get('seconds', seconds['distill']) / 60:.0f} min"
+              + (f" (at commit {data['made_at']['commit']})" if "made_at" in data else "")]
     if "train" in results:
         t = results["train"]
         stages.append(f"training {seconds['train'] / 60:.0f} min ({t['steps']} steps of {t['batch']} × {t['seq_len']} "

@@ -5,7 +5,10 @@
     python -m recipes.smollm2_sbd.run --workdir /tmp/smoke --smoke  # toy sizes: checks every stage
 
 Stages skip what is already done in --workdir: distilled data is reused, training resumes from its
-last checkpoint (Orbax), milestone exports and every evaluation entry are cached. Results go to
+last checkpoint (Orbax), milestone exports and every evaluation entry are cached. The default model's
+distilled data is also kept in the repository (recipes/smollm2_sbd/data/{gpu,cpu}, with the commit that
+made it): a fresh workdir starts from that copy when it was made with the same sizes (--redistill makes
+it again), so the slowest CPU stage is run once, not once per machine. Results go to
 recipes/smollm2_sbd/results/{gpu,cpu} (with --smoke: WORKDIR/results). Any Llama/Qwen HF directory
 works as --base (with --config configs/llama3_8b.py or configs/qwen3_8b.py for 8B models: their mesh,
 remat and optimizer).
@@ -18,6 +21,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import sys
 import time
 
@@ -25,6 +29,8 @@ from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
+KEPT_DATA = os.path.join(HERE, "data")  # data/{preset}: distillations of the default model, kept in the repo
+DEFAULT_BASE = "smollm2-135m"
 
 # Distillation: train_prompts answered with at most answer_tokens; held out: valid + test prompts.
 # Training: steps, batch, seq_len (GPU: the config's own), milestones checkpoints for the trend.
@@ -55,7 +61,9 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, make_prompts
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.evaluation.results import provenance
 
+    began = time.perf_counter()
     model = load_model(base, dtype=dtype)
     prompts = make_prompts(sizes["train_prompts"], seed=0)
     decoder = NTPDecoder(model.config, max_new_tokens=sizes["answer_tokens"], eos_ids=model.config.eos_token_ids)
@@ -67,10 +75,27 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     write_prompts(os.path.join(out, "test.jsonl"), heldout[sizes["valid"]:])
     data = {**counts, "train_prompts": len(prompts), "answer_tokens": sizes["answer_tokens"], "valid": sizes["valid"],
             "test": sizes["test"], "heldout_modules": list(HELDOUT_MODULES),
-            "repetition": repetition(generations, model.config.eos_token_ids)}
+            "repetition": repetition(generations, model.config.eos_token_ids),
+            "made_with": made_with(base, sizes, dtype), "made_at": provenance(),
+            "seconds": time.perf_counter() - began}
     with open(os.path.join(out, "data.json"), "w") as f:
         json.dump(data, f, indent=1)
     return data
+
+
+def made_with(base: str, sizes: dict, dtype: str) -> dict:
+    """What decides the distilled data: the base model, the prompt counts, the answer length, the dtype."""
+    keys = ("train_prompts", "answer_tokens", "keep_unfinished", "valid", "test")
+    return {"base": base, "dtype": dtype, **{k: sizes[k] for k in keys}}
+
+
+def kept_data(preset: str, base: str, sizes: dict, dtype: str) -> str | None:
+    """The repository's copy of this distillation, if one was made with exactly these settings."""
+    path = os.path.join(KEPT_DATA, preset, "data.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return os.path.dirname(path) if json.load(f).get("made_with") == made_with(base, sizes, dtype) else None
 
 
 def training_config(config: str, base: str, data: str, sizes: dict, dtype: str):
@@ -147,13 +172,15 @@ def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)
-    parser.add_argument("--base", default="smollm2-135m", help="known name, HF directory or GGUF file")
+    parser.add_argument("--base", default=DEFAULT_BASE, help="known name, HF directory or GGUF file")
     parser.add_argument("--config", default=os.path.join(ROOT, "configs", "smollm2_135m.py"),
                         help="training config file; the recipe sets its model, data, steps, batch and seq_len")
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--cpu", action="store_true", help="the CPU study's sizes")
     size.add_argument("--smoke", action="store_true", help="toy sizes: checks every stage")
     parser.add_argument("--steps", type=int, default=None, help="override the number of training steps")
+    parser.add_argument("--redistill", action="store_true",
+                        help="distil again even where the repository keeps data made with the same settings")
     parser.add_argument("--stop-after", choices=("distill", "train"), default=None,
                         help="stop after this stage (the next invocation continues from it)")
     parser.add_argument("--results", default=None, help="where results.{json,md,png} go (default: "
@@ -189,8 +216,16 @@ def main(argv: list[str]) -> None:
             with open(seconds_path, "w") as f:
                 json.dump(seconds, f)
 
-    if not os.path.exists(os.path.join(data, "data.json")):
+    kept = None if args.redistill or preset == "smoke" else kept_data(preset, args.base, sizes, dtype)
+    if not os.path.exists(os.path.join(data, "data.json")) and kept:
+        shutil.copytree(kept, data)
+        print(f"distillation: reusing {os.path.relpath(kept, ROOT)} (made at commit "
+              f"{json.load(open(os.path.join(kept, 'data.json')))['made_at']['commit']}); --redistill makes it again",
+              flush=True)
+    elif not os.path.exists(os.path.join(data, "data.json")):
         timed("distill", distill, args.base, data, sizes, dtype)
+        if preset != "smoke" and args.base == DEFAULT_BASE:
+            shutil.copytree(data, os.path.join(KEPT_DATA, preset), dirs_exist_ok=True)
     results["data"] = json.load(open(os.path.join(data, "data.json")))
     results["seconds"] = seconds
     _write(results, out, write_report)  # after every stage: a run cut short keeps what it finished

@@ -130,27 +130,34 @@ def tokens_per_second(model: Trained, setting: dict, test: Sequence[Problem], ma
     return sorted(rates)[len(rates) // 2]
 
 
-def forward_cost_ratio(model: Any, block_size: int, context: int = 40, calls: int = 200) -> float:
-    """time(k) / time(1) of one decoding forward of k tokens at batch 1 with `context` cached tokens
-    (median per call); `model` has `.config` and `.params`."""
+def forward_seconds(model: Any, batch: int, n: int, context: int, calls: int, inner: int = 8) -> float:
+    """Median time of one bare decoding forward of `n` new tokens per row at `batch` rows with `context`
+    cached tokens (the model alone: no sampling, no cache update); `model` has `.config` and `.params`.
+
+    Timed as `inner` forwards in one compiled loop, as a decoding loop runs them: a call per forward
+    would add the host's dispatch time, which is most of a small model's forward on a CPU."""
     from sbd_jax.kv_cache import init_cache
 
-    cache = init_cache(model.config, 1, context + block_size)
-    cache = cache.replace(lengths=jnp.full((1,), context, jnp.int32))
-    medians = {}
-    for k in (1, block_size):
-        forward = jax.jit(lambda params, tokens, cache, k=k: Transformer(model.config).apply(
-            {"params": params}, tokens, cache.lengths[:, None] + jnp.arange(k), mask=masks.bidirectional(k),
-            cache=cache)[0])
-        tokens = jnp.zeros((1, k), jnp.int32)
-        jax.block_until_ready(forward(model.params, tokens, cache))
-        times = []
-        for _ in range(calls):
-            began = time.perf_counter()
-            jax.block_until_ready(forward(model.params, tokens, cache))
-            times.append(time.perf_counter() - began)
-        medians[k] = float(np.median(times))
-    return medians[block_size] / medians[1]
+    cache = init_cache(model.config, batch, context + n)
+    cache = cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
+    positions = cache.lengths[:, None] + jnp.arange(n)
+
+    def forwards(params: Any, cache: Any) -> jax.Array:
+        def one(_: int, total: jax.Array) -> jax.Array:
+            tokens = jnp.zeros((batch, n), jnp.int32) + (total > jnp.inf)  # depends on the loop: not hoisted
+            logits = Transformer(model.config).apply({"params": params}, tokens, positions,
+                                                     mask=masks.bidirectional(n), cache=cache)[0]
+            return total + logits.sum()  # every logit is used, as decoding reads them all
+
+        return jax.lax.fori_loop(0, inner, one, jnp.float32(0))
+
+    return median_seconds(jax.jit(forwards), model.params, cache, repeats=calls) / inner
+
+
+def forward_cost_ratio(model: Any, block_size: int, context: int = 40, calls: int = 200, batch: int = 1) -> float:
+    """time(k) / time(1) of one decoding forward of k tokens with `context` cached tokens (medians)."""
+    return (forward_seconds(model, batch, block_size, context, calls)
+            / forward_seconds(model, batch, 1, context, calls))
 
 
 def median_seconds(fn: Callable[..., Any], *args: Any, repeats: int) -> float:

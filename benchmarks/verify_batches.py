@@ -1,0 +1,171 @@
+"""Verified SBD for serving, per batch size: tokens/s, pass overhead, efficiency, and the block-size rule.
+
+    python -m benchmarks.verify_batches                        # the small-scale SBD model, then SmolLM2
+    python -m benchmarks.verify_batches --batches 1 8 --skip-smollm2
+
+For each model, batch size (1, 2, 4, 8, 16, 32) and decoder (NTP; verified SBD at blocks 4 / 8 / 16), in
+one run on this machine:
+- decoding tokens/s (prefill apart: both decoders share it) and its ratio to NTP's at the same batch;
+- tokens per forward and seconds per pass (decode seconds / loop iterations: a batch runs until its
+  slowest row is done, so every iteration is one forward of every row);
+- **pass overhead** = seconds per pass / seconds of the bare model forward of the same tokens (NTP: one
+  token a row; verified SBD: the 2k tokens of its pass: k pending, k masked), with as many cached tokens
+  as the middle of a decode. 1.0 means the loop adds nothing to the model;
+- **ideal** speed-up = tokens per forward x bare(1) / bare(2k), and **efficiency** = measured speed-up /
+  ideal (what the loop and the rows that finish early keep of what the passes promise);
+- the H100 roofline's prediction of the same speed-up (tokens per forward / its time(2k) / time(1));
+- **the block-size rule** (`sbd_jax.block_choice`): from the measured tokens per forward at each k
+  and the bare forward times at this batch, the k with the highest ideal speed-up (NTP where none
+  beats 1); the table says how far its measured tokens/s is from the best fixed choice's.
+
+Models: the shipped small-scale SBD model on held-out arithmetic problems (trained drafts), and
+SmolLM2-135M with an untrained mask token (`--smollm2-mask-token-id`; drafts are poor, ~1 token per
+forward: the timing floor). Writes benchmarks/results/verify_batches_<platform>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from sbd_jax.evaluation.results import write_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def decode_all(model, prompts, block_size, max_new_tokens, batch, longest):
+    """All prompts `batch` at a time: (generations, decode seconds, loop iterations), compile excluded."""
+    from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.sampler import Executables, generate
+    from sbd_jax.verified_decoder import VerifiedSBDDecoder
+
+    common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
+    decoder = (NTPDecoder(model.config, **common) if block_size == 1
+               else VerifiedSBDDecoder(model.config, block_size=block_size, **common))
+    executables = Executables()
+    generate(decoder, model.params, prompts[:batch], pad_to=longest, executables=executables)  # compile
+    generations, seconds, iterations = [], 0.0, 0
+    for start in range(0, len(prompts), batch):
+        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest,
+                                   executables=executables)
+        generations += results
+        seconds += timing.decode_seconds
+        iterations += max(g.nfe for g in results)
+    return generations, seconds, iterations
+
+
+def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens, repeats, calls) -> dict:
+    """Tokens per forward at each block on the `calibration` prompts (what the block-size rule reads), and
+    one row per (batch, decoder) on `prompts`; see the module docstring for the columns."""
+    from sbd_jax.block_choice import choose_block_size
+    from sbd_jax.evaluation.measure import forward_seconds
+    from sbd_jax.roofline import HARDWARE, slowdown
+    from sbd_jax.sampler import tokens_per_pass
+
+    longest = max(map(len, prompts + calibration))
+    context = longest + max_new_tokens // 2  # cached tokens in the middle of a decode
+    calibrated = {k: tokens_per_pass(decode_all(model, calibration, k, max_new_tokens, len(calibration), longest)[0])
+                  for k in blocks}
+    rows = []
+    for batch in batches:
+        n_prompts = max(len(prompts) // batch, 1) * batch
+        bare = {n: forward_seconds(model, batch, n, context, calls) for n in (1, *[2 * k for k in blocks])}
+        group = []
+        for k in (1, *blocks):
+            runs = sorted((decode_all(model, prompts[:n_prompts], k, max_new_tokens, batch, longest)
+                           for _ in range(repeats)), key=lambda r: r[1])
+            generations, seconds, iterations = runs[len(runs) // 2]
+            tokens, nfe = sum(len(g.token_ids) for g in generations), sum(g.nfe for g in generations)
+            n = 1 if k == 1 else 2 * k
+            group.append({"batch": batch, "block_size": k, "mode": "ntp" if k == 1 else "verified",
+                          "prompts": n_prompts, "tokens": tokens, "tokens_per_second": tokens / seconds,
+                          "tokens_per_forward": tokens / nfe, "seconds_per_pass": seconds / iterations,
+                          "bare_forward_seconds": bare[n], "pass_overhead": seconds / iterations / bare[n],
+                          "ideal_speedup": tokens / nfe * bare[1] / bare[n],
+                          "h100_roofline_speedup": tokens / nfe / slowdown(HARDWARE["h100-bf16"], shape, batch, n,
+                                                                           context)})
+        ntp = group[0]
+        for row in group:
+            row["speedup"] = row["tokens_per_second"] / ntp["tokens_per_second"]
+            row["efficiency"] = row["speedup"] / row["ideal_speedup"]
+        chosen = choose_block_size(calibrated, {k: bare[2 * k] for k in blocks}, bare[1])
+        best = max(group, key=lambda r: r["tokens_per_second"])
+        for row in group:
+            row["rule_choice"] = row["block_size"] == chosen
+        rows += group
+        picked = next(r for r in group if r["block_size"] == chosen)
+        print(f"batch {batch:>2}: " + "  ".join(
+            f"{'NTP' if r['block_size'] == 1 else 'k=' + str(r['block_size'])} {r['tokens_per_second']:.0f} t/s "
+            f"({r['tokens_per_forward']:.2f}/fwd, overhead {r['pass_overhead']:.2f}, eff {r['efficiency']:.2f})"
+            for r in group) + f"; rule picks {chosen}: {picked['tokens_per_second'] / best['tokens_per_second']:.0%} "
+              f"of the best fixed choice ({best['block_size']})", flush=True)
+    return {"calibration_prompts": len(calibration), "calibration_tokens_per_forward": calibrated, "rows": rows}
+
+
+def arithmetic_part(args) -> dict:
+    import jax
+
+    from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.evaluation.arithmetic import STUDY, study_splits
+    from sbd_jax.evaluation.measure import chat_prompt
+    from sbd_jax.roofline import shape_of
+
+    loaded = load_model(args.model)
+    model = loaded._replace(params=jax.device_put(loaded.params))
+    splits = study_splits()
+    prompts = [chat_prompt(loaded.tokenizer, p.question) for p in splits.test[: args.problems]]
+    calibration = [chat_prompt(loaded.tokenizer, p.question) for p in splits.valid[:32]]
+    measured = measure(model, shape_of(loaded.config, "small-scale"), prompts, calibration, args.blocks,
+                       args.batches, STUDY["max_new_tokens"], args.repeats, args.calls)
+    return {"model": os.path.relpath(args.model, ROOT), "prompts": "held-out arithmetic test problems",
+            "calibration": "validation problems", "max_new_tokens": STUDY["max_new_tokens"], **measured}
+
+
+def smollm2_part(args) -> dict:
+    import jax
+
+    from benchmarks.decode import PROMPTS
+    from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.roofline import MODELS
+    from sbd_jax.tokenizer import encode_prompt
+
+    loaded = load_model("smollm2-135m")
+    model = loaded._replace(params=jax.device_put(loaded.params),
+                            config=loaded.config.replace(mask_token_id=args.smollm2_mask_token_id))
+    encoded = [encode_prompt(loaded.tokenizer, p, chat=True) for p in PROMPTS]
+    prompts = [encoded[i % len(encoded)] for i in range(max(args.batches))]
+    measured = measure(model, MODELS["smollm2-135m"], prompts, encoded, args.blocks, args.batches,
+                       args.smollm2_new_tokens, args.repeats, args.calls)
+    return {"model": "smollm2-135m", "mask_token_id": args.smollm2_mask_token_id,
+            "prompts": f"benchmarks.decode.PROMPTS, cycled to {len(prompts)}",
+            "calibration": "the same 8 prompts (an untrained mask token: ~1 token per forward at every k)",
+            "max_new_tokens": args.smollm2_new_tokens, **measured}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
+    parser.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--problems", type=int, default=64, help="arithmetic prompts per (batch, decoder)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per row (the median is kept)")
+    parser.add_argument("--calls", type=int, default=20, help="timed calls of each bare forward (median)")
+    parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--smollm2-mask-token-id", type=int, default=0)
+    parser.add_argument("--smollm2-new-tokens", type=int, default=48)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    import jax
+
+    result = {"device": str(jax.devices()[0]), "arithmetic": arithmetic_part(args)}
+    if not args.skip_smollm2:
+        result["smollm2"] = smollm2_part(args)
+    out = args.out or os.path.join(ROOT, "benchmarks", "results", f"verify_batches_{jax.devices()[0].platform}.json")
+    write_json(out, result)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
