@@ -129,12 +129,14 @@ class Trainer:
         """The Orbax manager of this run's checkpoints."""
         return train_checkpoints.checkpoint_manager(self.cfg, self.workdir)
 
-    def run(self) -> list[dict[str, float]]:
-        """Trains to `train.steps`, resuming from `workdir`; returns this run's logged metrics."""
+    def run(self, until: int | None = None) -> list[dict[str, float]]:
+        """Trains to `train.steps` (or to step `until` of the same run, saved there: a long run spent in
+        pieces), resuming from `workdir`; returns this invocation's logged metrics."""
         os.makedirs(self.workdir, exist_ok=True)
         manager = self.checkpoint_manager()
         self.state, start = train_checkpoints.resume(manager, self.cfg, self.workdir, self.state, self.iterator)
         total = self.cfg.train.steps
+        end = total if until is None else min(until, total)
         logged = []
         progress = Progress(start, total)
         window = Window(self.cfg.train.batch_size * self.cfg.data.seq_len, self._flops_per_step(),
@@ -142,7 +144,7 @@ class Trainer:
         stopped_at, previous = None, None
         with (MetricsLog(self.workdir, start, primary=jax.process_index() == 0) as log,
               train_checkpoints.finishing_saves(manager), StopRequest() as stop):
-            for step in range(start, total):
+            for step in range(start, end):
                 k = block_size_for_step(self.cfg, step)
                 host_batch = streaming.check_batch(next(self.iterator), self.config.mask_token_id, step + 1)
                 batch = self.global_batch(host_batch)
@@ -156,7 +158,7 @@ class Trainer:
                 if previous is not None:
                     jax.block_until_ready(previous)
                 previous = metrics["loss"]
-                checkpoint = (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == total
+                checkpoint = (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == end
                 sync_point = checkpoint or (step + 1) % self.cfg.train.log_every == 0
                 if stop.agreed(sync_point):  # SIGTERM: save this step and stop
                     checkpoint, sync_point, stopped_at = True, True, step + 1
@@ -174,7 +176,7 @@ class Trainer:
         if stopped_at is not None:
             raise UserError(f"stopped by SIGTERM after step {stopped_at} of {total}: its checkpoint is saved in "
                             f"{self.workdir}; run the same command again to continue")
-        if self.cfg.export_hf:
+        if self.cfg.export_hf and end == total:
             self.export(os.path.join(self.workdir, "hf"))
         return logged
 

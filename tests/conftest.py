@@ -60,6 +60,7 @@ SLOW = (
     "test_verify.py::test_verified_smollm2_with_an_untrained_mask_token_equals_ntp",  # real SmolLM2, 3 decoders
     "test_train.py::test_a_wsd_decay_branch_continues_the_long_run_it_starts_from",  # two training runs
     "test_train.py::test_a_run_over_every_block_size_compiles_its_step_once",  # 15 steps
+    "test_train.py::test_a_run_spent_in_pieces_with_until_equals_the_uninterrupted_run",  # three runs compile
     "test_train.py::test_sigterm_after_a_save_with_grain_workers_still_stops_the_run",  # Grain workers start
     "test_cli.py::test_sample_json_on_smollm2_and_too_long_prompt",  # SmolLM2 loaded twice in subprocesses
 )

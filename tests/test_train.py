@@ -175,6 +175,19 @@ def test_sigterm_saves_the_finished_step_and_a_rerun_continues_from_it(tmp_path)
 
 
 @requires_smollm2
+def test_a_run_spent_in_pieces_with_until_equals_the_uninterrupted_run(tmp_path):
+    cfg = quick_config(train__steps=5, checkpoint__every=100, train__log_every=1)
+    whole = Trainer(cfg, str(tmp_path / "whole")).run()
+    first = Trainer(cfg, str(tmp_path / "pieces")).run(until=2)
+    assert [r["step"] for r in first] == [1, 2] and os.listdir(tmp_path / "pieces" / "checkpoints") == ["2"]
+    assert not (tmp_path / "pieces" / "hf").exists()  # exported only when the run is finished
+    rest = Trainer(cfg, str(tmp_path / "pieces")).run()
+    assert [r["step"] for r in rest] == [3, 4, 5] and (tmp_path / "pieces" / "hf" / "config.json").exists()
+    assert losses(tmp_path / "pieces") == losses(tmp_path / "whole")  # same schedule, same batches, same numbers
+    assert [r["loss"] for r in first + rest] == [r["loss"] for r in whole]
+
+
+@requires_smollm2
 def test_sigterm_after_a_save_with_grain_workers_still_stops_the_run(tmp_path):
     """Orbax's (async) save and Grain's worker processes leave the SIGTERM handler in place."""
     cfg = quick_config(train__steps=40, train__log_every=1, checkpoint__every=4)

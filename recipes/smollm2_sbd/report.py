@@ -65,12 +65,16 @@ def validation_lines(results: dict) -> list[str]:
     return lines + [""]
 
 
-def loss_and_trend_lines(results: dict) -> list[str]:
-    loss, k = results["evaluation"]["heldout_ntp_loss"], results["sizes"]["trend_block"]
-    lines = ["## Held-out NTP loss (claim 1)", "",
-             f"Source of the held-out modules (real text, never trained on here): base {loss['base']:.4f}, "
-             f"fine-tuned {loss['tuned']:.4f} ({loss['tuned'] / loss['base'] - 1:+.1%}).", "",
-             "## Tokens per forward vs training steps (validation prompts)", "",
+def loss_lines(results: dict) -> list[str]:
+    loss = results["evaluation"]["heldout_ntp_loss"]
+    return ["## Held-out NTP loss (claim 1)", "",
+            f"Source of the held-out modules (real text, never trained on here): base {loss['base']:.4f}, "
+            f"fine-tuned {loss['tuned']:.4f} ({loss['tuned'] / loss['base'] - 1:+.1%}).", ""]
+
+
+def trend_lines(results: dict) -> list[str]:
+    k = results["sizes"]["trend_block"]
+    lines = ["## Tokens per forward vs training steps (validation prompts)", "",
              _row("steps", f"verified SBD block {k}: tokens/forward", f"SBD block {k} γ 0.35: tokens/forward",
                   "agreement with NTP"),
              _row(*["---"] * 4)]
@@ -98,7 +102,8 @@ def markdown(results: dict) -> str:
               + (f" (at commit {data['made_at']['commit']})" if "made_at" in data else "")]
     if "train" in results:
         t = results["train"]
-        stages.append(f"training {seconds['train'] / 60:.0f} min ({t['steps']} steps of {t['batch']} × {t['seq_len']} "
+        done = f"{t['steps_done']} of {t['steps']}" if t.get("steps_done", t["steps"]) < t["steps"] else t["steps"]
+        stages.append(f"training {seconds['train'] / 60:.0f} min ({done} steps of {t['batch']} × {t['seq_len']} "
                       f"tokens, median {t['median_seconds_per_step']:.1f} s a step)")
     if "evaluation" in results:
         stages.append(f"evaluation {seconds['eval'] / 60:.0f} min")
@@ -109,7 +114,11 @@ def markdown(results: dict) -> str:
             f"Stages: {', '.join(stages)}. Greedy decoding everywhere.", ""]
     body = data_lines(results)
     if "evaluation" in results:
-        body += main_table(results) + validation_lines(results) + loss_and_trend_lines(results) + speed_lines(results)
+        body += main_table(results) + validation_lines(results) + loss_lines(results)
+    if results.get("trend"):
+        body += trend_lines(results)
+    if "evaluation" in results:
+        body += speed_lines(results)
     return "\n".join(head + body) + "\n"
 
 

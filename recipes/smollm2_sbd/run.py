@@ -118,16 +118,18 @@ def training_config(config: str, base: str, data: str, sizes: dict, dtype: str):
     return cfg
 
 
-def train(cfg, workdir: str) -> dict:
-    """Trains (or resumes) to cfg.train.steps; exports every kept milestone to WORKDIR/hf_STEP."""
+def train(cfg, workdir: str, until: int | None = None) -> dict:
+    """Trains (or resumes) to cfg.train.steps, or to step `until` of the same run; exports every kept
+    milestone reached to WORKDIR/hf_STEP."""
     from sbd_jax.trainer import Trainer
 
     began = time.perf_counter()
     trainer = Trainer(cfg, workdir)
-    trainer.run()
+    trainer.run(until)
     seconds = time.perf_counter() - began
     milestones = {}
     every, total = cfg.checkpoint.every, cfg.train.steps
+    done = max(trainer.checkpoint_manager().all_steps(), default=0)
     for step in sorted(s for s in trainer.checkpoint_manager().all_steps() if s % every == 0 or s == total):
         path = os.path.join(workdir, f"hf_{step}")
         if not os.path.exists(os.path.join(path, "config.json")):
@@ -136,7 +138,7 @@ def train(cfg, workdir: str) -> dict:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         curve = [json.loads(line) for line in f]
     tenth = max(len(curve) // 10, 1)
-    return {"steps": cfg.train.steps, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len,
+    return {"steps": cfg.train.steps, "steps_done": done, "batch": cfg.train.batch_size, "seq_len": cfg.data.seq_len,
             "seconds_this_invocation": seconds, "milestones": milestones,
             "loss_first_tenth": {k: sum(r[k] for r in curve[:tenth]) / tenth for k in ("ntp_loss", "matp_loss")},
             "loss_last_tenth": {k: sum(r[k] for r in curve[-tenth:]) / tenth for k in ("ntp_loss", "matp_loss")},
@@ -183,6 +185,10 @@ def main(argv: list[str]) -> None:
                         help="distil again even where the repository keeps data made with the same settings")
     parser.add_argument("--stop-after", choices=("distill", "train"), default=None,
                         help="stop after this stage (the next invocation continues from it)")
+    parser.add_argument("--train-until", type=int, default=None, metavar="STEP",
+                        help="train to this step of the run (same schedule), measure the milestones reached so far "
+                             "(tokens per forward on the validation prompts), write the results and stop; the "
+                             "same command without it continues")
     parser.add_argument("--results", default=None, help="where results.{json,md,png} go (default: "
                         "recipes/smollm2_sbd/results/{gpu,cpu}; with --smoke, WORKDIR/results)")
     args = parser.parse_args(argv)
@@ -231,13 +237,16 @@ def main(argv: list[str]) -> None:
     _write(results, out, write_report)  # after every stage: a run cut short keeps what it finished
     if args.stop_after == "distill":
         return
-    results["train"] = timed("train", train, training_config(args.config, args.base, data, sizes, dtype), train_dir)
+    results["train"] = timed("train", train, training_config(args.config, args.base, data, sizes, dtype), train_dir,
+                             args.train_until)
     _write(results, out, write_report)
     if args.stop_after == "train":
         return
     cache = os.path.join(args.workdir, "entries.json")
     results["trend"] = timed("eval", trend, args.base, results["train"]["milestones"], data, cache, sizes, dtype)
     _write(results, out, write_report)
+    if results["train"]["steps_done"] < results["train"]["steps"]:
+        return
     argv = ["--base", args.base, "--tuned", os.path.join(train_dir, "hf"), "--data", data, "--cache", cache,
             "--block-sizes", *map(str, sizes["block_sizes"]), "--gammas", *map(str, sizes["gammas"]),
             "--max-new-tokens", str(sizes["max_new"]), "--batch-size", str(sizes["eval_batch"]),
