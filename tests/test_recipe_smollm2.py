@@ -71,6 +71,25 @@ def test_first_difference_and_gamma_chosen_on_validation_only():
     assert choose_gamma(grid, 4) is None
 
 
+def test_cached_entries_are_keyed_by_the_exact_weights(tmp_path):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from recipes.smollm2_sbd.eval import Evaluations, Prompt, ntp_setting
+
+    def key(params):
+        models = {"tuned": SimpleNamespace(params=params)}
+        return Evaluations(str(tmp_path / "e.json"), models, {"valid": [Prompt("q")]}, 8, 1).key(
+            "tuned", ntp_setting(), "valid")
+
+    weights = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(2, np.float32)}
+    assert key(weights) == key({k: v.copy() for k, v in weights.items()})  # the same weights, another copy
+    changed = dict(weights, b=np.array([1.0, np.nextafter(np.float32(1), np.float32(2))], np.float32))
+    assert key(changed) != key(weights)  # one bit of one weight
+    assert key(dict(weights, a=weights["a"].reshape(3, 2))) != key(weights)  # same bytes, other shape
+
+
 def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_the_same_settings(tmp_path, monkeypatch):
     from recipes.smollm2_sbd import run
 
@@ -101,8 +120,9 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     env = dict(os.environ, XLA_FLAGS="", OUT=str(tmp_path))
     subprocess.run(["bash", os.path.join(ROOT, "recipes", "smollm2_sbd", "gpu.sh"), "--smoke"], check=True,
                    env=env, cwd=ROOT, timeout=900)
-    assert sorted(os.listdir(tmp_path)) == ["recipe_log.txt", "recipe_preflight.json", "results.json", "results.md",
-                                            "results.png"]
+    assert sorted(os.listdir(tmp_path)) == ["entries.json", "recipe_log.txt", "recipe_preflight.json", "results.json",
+                                            "results.md", "results.png"]
+    assert all("@" in key for key in json.load(open(tmp_path / "entries.json")))  # keyed by the weights too
     assert "recipe: exit 0" in (tmp_path / "recipe_log.txt").read_text()
     results = json.load(open(tmp_path / "results.json"))
     rows = results["evaluation"]["rows"]

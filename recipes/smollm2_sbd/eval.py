@@ -59,20 +59,27 @@ def chat(tokenizer: Any, question: str) -> list[int]:
 
 
 class Evaluations:
-    """Decodes (model, setting, split) once; per-prompt outputs are cached in a JSON file."""
+    """Decodes (model, setting, split) once; per-prompt outputs are cached in a JSON file, keyed by the
+    weights' fingerprint too: a retrained model reuses them only if its weights are bit-identical."""
 
     def __init__(self, path: str, models: dict, splits: dict[str, list[Prompt]], max_new_tokens: int,
                  batch_size: int):
         from sbd_jax.evaluation.entries import EntryCache
+        from sbd_jax.evaluation.measure import fingerprint
 
         self.models, self.splits, self.cache = models, splits, EntryCache(path)
+        self.fingerprints = {name: fingerprint(m.params) for name, m in models.items()}
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+
+    def key(self, model: str, setting: dict, split: str) -> str:
+        return (f"{model}@{self.fingerprints[model]}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|"
+                f"{split}|{len(self.splits[split])}|{self.max_new_tokens}")
 
     def get(self, model: str, setting: dict, split: str) -> dict:
         from sbd_jax.evaluation.measure import decode
 
         prompts = self.splits[split]
-        key = f"{model}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}|{len(prompts)}"
+        key = self.key(model, setting, split)
 
         def compute() -> dict:
             trained = self.models[model]
@@ -81,7 +88,7 @@ class Evaluations:
             results = [r for start in range(0, len(ids), self.batch_size)
                        for r in decode(trained, setting, ids[start: start + self.batch_size], self.max_new_tokens,
                                        longest)[0]]
-            return {"model": model, **setting, "split": split, "n": len(prompts),
+            return {"model": model, "weights": self.fingerprints[model], **setting, "split": split, "n": len(prompts),
                     "outputs": [r.token_ids for r in results], "nfe": [r.nfe for r in results],
                     "drafted": sum(r.drafted for r in results), "accepted": sum(r.accepted for r in results)}
 

@@ -40,7 +40,7 @@ log="${OUT:-$dest}/recipe_log.txt"
 exec > >(tee -a "$log") 2>&1
 
 collect() {  # copy whatever results exist, also after a failure or a timeout
-  [[ -n "${OUT:-}" ]] && cp "$dest"/results.* "$OUT"/ 2>/dev/null
+  [[ -n "${OUT:-}" ]] && cp "$dest"/results.* "$dest"/entries.json "$OUT"/ 2>/dev/null
   echo "collected: $(ls "$dest" | tr '\n' ' ')"
 }
 trap collect EXIT

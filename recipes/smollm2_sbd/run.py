@@ -5,7 +5,9 @@
     python -m recipes.smollm2_sbd.run --workdir /tmp/smoke --smoke  # toy sizes: checks every stage
 
 Stages skip what is already done in --workdir: distilled data is reused, training resumes from its
-last checkpoint (Orbax), milestone exports and every evaluation entry are cached. The default model's
+last checkpoint (Orbax), milestone exports are kept, and every evaluation entry is cached in the results
+folder (entries.json, keyed by a fingerprint of the weights: training is deterministic, so a model retrained
+on another machine reuses them only if it came out bit-identical). The default model's
 distilled data is also kept in the repository (recipes/smollm2_sbd/data/{gpu,cpu}, with the commit that
 made it): a fresh workdir starts from that copy when it was made with the same sizes (--redistill makes
 it again), so the slowest CPU stage is run once, not once per machine. Results go to
@@ -242,7 +244,7 @@ def main(argv: list[str]) -> None:
     _write(results, out, write_report)
     if args.stop_after == "train":
         return
-    cache = os.path.join(args.workdir, "entries.json")
+    cache = os.path.join(out, "entries.json")  # beside the results, committed with them: a new machine resumes
     results["trend"] = timed("eval", trend, args.base, results["train"]["milestones"], data, cache, sizes, dtype)
     _write(results, out, write_report)
     if results["train"]["steps_done"] < results["train"]["steps"]:

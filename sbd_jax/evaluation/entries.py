@@ -25,5 +25,7 @@ class EntryCache:
         return self.entries[key]
 
     def save(self) -> None:
-        with open(self.path, "w") as f:
+        """Rewrites the file whole (a temporary file, then a rename): a kill never leaves half of it."""
+        with open(self.path + ".tmp", "w") as f:
             json.dump(self.entries, f)
+        os.replace(self.path + ".tmp", self.path)

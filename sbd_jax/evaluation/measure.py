@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -42,6 +43,17 @@ class Trained:
     params: Any
     tokenizer: Any
     executables: Executables = dataclasses.field(default_factory=Executables)  # its compiled decoders
+
+
+def fingerprint(params: Any) -> str:
+    """A short hash of a model's weights (every leaf's dtype, shape and bytes, in tree order): results
+    cached for one set of weights are reused only for exactly the same weights."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree.leaves(params):
+        leaf = np.asarray(leaf)
+        digest.update(f"{leaf.dtype}{leaf.shape}".encode())
+        digest.update(leaf.tobytes())
+    return digest.hexdigest()[:16]
 
 
 def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64,
