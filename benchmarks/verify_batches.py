@@ -55,9 +55,11 @@ def decode_all(model, prompts, block_size, max_new_tokens, batch, longest):
     return generations, seconds, iterations
 
 
-def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens, repeats, calls) -> dict:
+def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens, repeats, calls,
+            min_prompts) -> dict:
     """Tokens per forward at each block on the `calibration` prompts (what the block-size rule reads), and
-    one row per (batch, decoder) on `prompts`; see the module docstring for the columns."""
+    one row per (batch, decoder) on the first `min_prompts` of `prompts` (rounded up to whole batches);
+    see the module docstring for the columns."""
     from sbd_jax.block_choice import choose_block_size
     from sbd_jax.evaluation.measure import forward_seconds
     from sbd_jax.roofline import HARDWARE, slowdown
@@ -69,7 +71,7 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
                   for k in blocks}
     rows = []
     for batch in batches:
-        n_prompts = max(len(prompts) // batch, 1) * batch
+        n_prompts = min(-(-min_prompts // batch) * batch, len(prompts) // batch * batch)
         bare = {n: forward_seconds(model, batch, n, context, calls) for n in (1, *[2 * k for k in blocks])}
         group = []
         for k in (1, *blocks):
@@ -114,10 +116,10 @@ def arithmetic_part(args) -> dict:
     loaded = load_model(args.model)
     model = loaded._replace(params=jax.device_put(loaded.params))
     splits = study_splits()
-    prompts = [chat_prompt(loaded.tokenizer, p.question) for p in splits.test[: args.problems]]
+    prompts = [chat_prompt(loaded.tokenizer, p.question) for p in splits.test[: max(args.problems, *args.batches)]]
     calibration = [chat_prompt(loaded.tokenizer, p.question) for p in splits.valid[:32]]
     measured = measure(model, shape_of(loaded.config, "small-scale"), prompts, calibration, args.blocks,
-                       args.batches, STUDY["max_new_tokens"], args.repeats, args.calls)
+                       args.batches, STUDY["max_new_tokens"], args.repeats, args.calls, args.problems)
     return {"model": os.path.relpath(args.model, ROOT), "prompts": "held-out arithmetic test problems",
             "calibration": "validation problems", "max_new_tokens": STUDY["max_new_tokens"], **measured}
 
@@ -134,9 +136,9 @@ def smollm2_part(args) -> dict:
     model = loaded._replace(params=jax.device_put(loaded.params),
                             config=loaded.config.replace(mask_token_id=args.smollm2_mask_token_id))
     encoded = [encode_prompt(loaded.tokenizer, p, chat=True) for p in PROMPTS]
-    prompts = [encoded[i % len(encoded)] for i in range(max(args.batches))]
+    prompts = [encoded[i % len(encoded)] for i in range(max(max(args.batches), args.smollm2_prompts))]
     measured = measure(model, MODELS["smollm2-135m"], prompts, encoded, args.blocks, args.batches,
-                       args.smollm2_new_tokens, args.repeats, args.calls)
+                       args.smollm2_new_tokens, args.smollm2_repeats, args.calls, args.smollm2_prompts)
     return {"model": "smollm2-135m", "mask_token_id": args.smollm2_mask_token_id,
             "prompts": f"benchmarks.decode.PROMPTS, cycled to {len(prompts)}",
             "calibration": "the same 8 prompts (an untrained mask token: ~1 token per forward at every k)",
@@ -148,12 +150,15 @@ def main() -> None:
     parser.add_argument("--model", default=os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
     parser.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-    parser.add_argument("--problems", type=int, default=64, help="arithmetic prompts per (batch, decoder)")
+    parser.add_argument("--problems", type=int, default=64,
+                        help="arithmetic prompts per (batch, decoder), at least a batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row (the median is kept)")
     parser.add_argument("--calls", type=int, default=20, help="timed calls of each bare forward (median)")
     parser.add_argument("--skip-smollm2", action="store_true")
     parser.add_argument("--smollm2-mask-token-id", type=int, default=0)
     parser.add_argument("--smollm2-new-tokens", type=int, default=48)
+    parser.add_argument("--smollm2-prompts", type=int, default=8, help="SmolLM2 prompts per row (at least a batch)")
+    parser.add_argument("--smollm2-repeats", type=int, default=1, help="SmolLM2 timed runs per row")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 

@@ -6,8 +6,8 @@
 
 Stages skip what is already done in --workdir: distilled data is reused, training resumes from its
 last checkpoint (Orbax), milestone exports are kept, and every evaluation entry is cached in the results
-folder (entries.json, keyed by a fingerprint of the weights: training is deterministic, so a model retrained
-on another machine reuses them only if it came out bit-identical). The default model's
+folder (entries.json, keyed by a fingerprint of the weights: reused only for bit-identical weights, which
+a retrain on another machine does not promise: float rounding there drifts after ~80 steps). The default model's
 distilled data is also kept in the repository (recipes/smollm2_sbd/data/{gpu,cpu}, with the commit that
 made it): a fresh workdir starts from that copy when it was made with the same sizes (--redistill makes
 it again), so the slowest CPU stage is run once, not once per machine. Results go to
