@@ -113,6 +113,16 @@ def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_th
     assert json.load(open(tmp_path / "r" / "results.json"))["data"]["made_at"]["commit"] == "abc1234"
     assert "distillation 1 min (at commit abc1234)" in (tmp_path / "r" / "results.md").read_text()
 
+    # A later piece of the same run keeps the earlier pieces' measurements in the report until it redoes them.
+    results = json.load(open(tmp_path / "r" / "results.json"))
+    trend = [{"steps": 50, "verified": {"tokens_per_forward": 1.14}, "sbd": {"tokens_per_forward": 1.09,
+                                                                             "agreement_with_ntp": 0.0}}]
+    (tmp_path / "r" / "results.json").write_text(json.dumps(dict(results, trend=trend)))
+    run.main(["--workdir", str(tmp_path / "w"), "--cpu", "--stop-after", "distill", "--results", str(tmp_path / "r")])
+    kept_results = json.load(open(tmp_path / "r" / "results.json"))
+    assert kept_results["trend"] == trend and kept_results["earlier_stages_at"] == results["provenance"]["commit"]
+    assert "| 50 | 1.14 | 1.09 | 0.0% |" in (tmp_path / "r" / "results.md").read_text()
+
 
 @requires_smollm2
 def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):

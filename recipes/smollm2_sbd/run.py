@@ -236,6 +236,14 @@ def main(argv: list[str]) -> None:
             shutil.copytree(data, os.path.join(KEPT_DATA, preset), dirs_exist_ok=True)
     results["data"] = json.load(open(os.path.join(data, "data.json")))
     results["seconds"] = seconds
+    # A run spent in pieces: what an earlier invocation measured stays in the report until this one redoes it.
+    earlier = os.path.join(out, "results.json")
+    if os.path.exists(earlier):
+        with open(earlier) as f:
+            previous = json.load(f)
+        carried = {k: previous[k] for k in ("train", "trend", "evaluation") if k in previous}
+        if carried and previous.get("preset") == preset:
+            results.update(carried, earlier_stages_at=previous.get("earlier_stages_at", previous["provenance"]["commit"]))
     _write(results, out, write_report)  # after every stage: a run cut short keeps what it finished
     if args.stop_after == "distill":
         return
