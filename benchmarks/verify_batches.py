@@ -34,16 +34,16 @@ from sbd_jax.evaluation.results import write_json
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def decode_all(model, prompts, block_size, max_new_tokens, batch, longest):
-    """All prompts `batch` at a time: (generations, decode seconds, loop iterations), compile excluded."""
+def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables):
+    """All prompts `batch` at a time: (generations, decode seconds, loop iterations), compile excluded
+    (`executables` holds what earlier calls compiled: repeats compile nothing)."""
     from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.sampler import Executables, generate
+    from sbd_jax.sampler import generate
     from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
     common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
     decoder = (NTPDecoder(model.config, **common) if block_size == 1
                else VerifiedSBDDecoder(model.config, block_size=block_size, **common))
-    executables = Executables()
     generate(decoder, model.params, prompts[:batch], pad_to=longest, executables=executables)  # compile
     generations, seconds, iterations = [], 0.0, 0
     for start in range(0, len(prompts), batch):
@@ -63,19 +63,20 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
     from sbd_jax.block_choice import choose_block_size
     from sbd_jax.evaluation.measure import forward_seconds
     from sbd_jax.roofline import HARDWARE, slowdown
-    from sbd_jax.sampler import tokens_per_pass
+    from sbd_jax.sampler import Executables, tokens_per_pass
 
     longest = max(map(len, prompts + calibration))
     context = longest + max_new_tokens // 2  # cached tokens in the middle of a decode
-    calibrated = {k: tokens_per_pass(decode_all(model, calibration, k, max_new_tokens, len(calibration), longest)[0])
-                  for k in blocks}
+    calibrated = {k: tokens_per_pass(decode_all(model, calibration, k, max_new_tokens, len(calibration), longest,
+                                                Executables(capacity=2))[0]) for k in blocks}
     rows = []
     for batch in batches:
         n_prompts = min(-(-min_prompts // batch) * batch, len(prompts) // batch * batch)
         bare = {n: forward_seconds(model, batch, n, context, calls) for n in (1, *[2 * k for k in blocks])}
         group = []
         for k in (1, *blocks):
-            runs = sorted((decode_all(model, prompts[:n_prompts], k, max_new_tokens, batch, longest)
+            executables = Executables(capacity=2)  # this row's prefill and decode, compiled once
+            runs = sorted((decode_all(model, prompts[:n_prompts], k, max_new_tokens, batch, longest, executables)
                            for _ in range(repeats)), key=lambda r: r[1])
             generations, seconds, iterations = runs[len(runs) // 2]
             tokens, nfe = sum(len(g.token_ids) for g in generations), sum(g.nfe for g in generations)

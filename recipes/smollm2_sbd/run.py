@@ -131,8 +131,9 @@ def train(cfg, workdir: str, until: int | None = None) -> dict:
     seconds = time.perf_counter() - began
     milestones = {}
     every, total = cfg.checkpoint.every, cfg.train.steps
-    done = max(trainer.checkpoint_manager().all_steps(), default=0)
-    for step in sorted(s for s in trainer.checkpoint_manager().all_steps() if s % every == 0 or s == total):
+    saved = trainer.checkpoint_manager().all_steps()
+    done = max(saved, default=0)
+    for step in sorted(s for s in saved if s % every == 0 or s == total):
         path = os.path.join(workdir, f"hf_{step}")
         if not os.path.exists(os.path.join(path, "config.json")):
             trainer.export_checkpoint(step, path)
