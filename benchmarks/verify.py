@@ -27,8 +27,9 @@ from sbd_jax.evaluation.results import write_json
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(model, prompts, setting, max_new_tokens, batch, longest):
-    """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded."""
+def run(model, prompts, setting, max_new_tokens, batch, longest, executables=None):
+    """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded
+    (pass one `executables` to calls that should share what earlier ones compiled)."""
     from sbd_jax.decoders import NTPDecoder
     from sbd_jax.sampler import Executables, generate
     from sbd_jax.verified_decoder import VerifiedSBDDecoder
@@ -39,7 +40,7 @@ def run(model, prompts, setting, max_new_tokens, batch, longest):
     else:
         decoder = VerifiedSBDDecoder(model.config, block_size=setting["block_size"], **common)
     generations, prefill, decode = [], 0.0, 0.0
-    executables = Executables()
+    executables = executables or Executables()
     for start in range(0, len(prompts), batch):
         results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest,
                                    executables=executables)

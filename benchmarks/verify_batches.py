@@ -29,29 +29,19 @@ import argparse
 import os
 import sys
 
+from benchmarks.verify import run
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables):
-    """All prompts `batch` at a time: (generations, decode seconds, loop iterations), compile excluded
-    (`executables` holds what earlier calls compiled: repeats compile nothing)."""
-    from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.sampler import generate
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
-
-    common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
-    decoder = (NTPDecoder(model.config, **common) if block_size == 1
-               else VerifiedSBDDecoder(model.config, block_size=block_size, **common))
-    generate(decoder, model.params, prompts[:batch], pad_to=longest, executables=executables)  # compile
-    generations, seconds, iterations = [], 0.0, 0
-    for start in range(0, len(prompts), batch):
-        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest,
-                                   executables=executables)
-        generations += results
-        seconds += timing.decode_seconds
-        iterations += max(g.nfe for g in results)
+    """All prompts `batch` at a time after a warm-up batch: (generations, decode seconds, loop iterations),
+    compile excluded (`executables` holds what earlier calls compiled: repeats compile nothing)."""
+    setting = {"mode": "ntp"} if block_size == 1 else {"mode": "verified", "block_size": block_size}
+    run(model, prompts[:batch], setting, max_new_tokens, batch, longest, executables)
+    generations, (_, seconds) = run(model, prompts, setting, max_new_tokens, batch, longest, executables)
+    iterations = sum(max(g.nfe for g in generations[s: s + batch]) for s in range(0, len(generations), batch))
     return generations, seconds, iterations
 
 

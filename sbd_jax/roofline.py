@@ -79,11 +79,11 @@ MODELS = {
 
 def model_from_hf_config(path: str) -> ModelShape:
     """A ModelShape from an HF config.json (any supported architecture)."""
-    from sbd_jax.config import ModelConfig
+    from sbd_jax.checkpoints.hf_config import config_from_hf
 
     try:
         with open(path) as f:
-            cfg = ModelConfig.from_hf(json.load(f))
+            cfg = config_from_hf(json.load(f))
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read model config {path}: {e}") from None
     return shape_of(cfg, os.path.basename(path))

@@ -84,3 +84,27 @@ def eb_reveal(scores: jax.Array, still_masked: jax.Array, gamma: jax.Array | flo
     reveal_sorted = before <= gamma
     ranks = jnp.argsort(order, axis=-1)
     return still_masked & jnp.take_along_axis(reveal_sorted, ranks, axis=-1)
+
+
+def speculative_accept(p_logits: jax.Array, q_logits: jax.Array, drafts: jax.Array, is_draft: jax.Array,
+                       accept_rng: jax.Array, token_rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Speculative sampling over `[B, k]` drafts: how many are accepted, and the token after them.
+
+    Draft j (where `is_draft`) was drawn from softmax(q_logits[:, j]); softmax(p_logits[:, j]) is the
+    target distribution at its position. Accepted with probability min(1, p/q), left to right up to the
+    first rejection; the token after the accepted drafts is drawn from normalize(max(0, p - q)) at a
+    rejected position, from p after the last draft.
+    """
+    p = jax.nn.softmax(p_logits, axis=-1)
+    q = jax.nn.softmax(q_logits, axis=-1)
+    p_draft = jnp.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]
+    q_draft = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+    u = jax.random.uniform(accept_rng, drafts.shape)
+    accepted = jnp.cumprod(is_draft & (u * q_draft < p_draft), axis=1).sum(axis=1)  # u < p/q, q > 0 for a draft
+    at = accepted[:, None, None]
+    p_next, q_next = jnp.take_along_axis(p, at, axis=1)[:, 0], jnp.take_along_axis(q, at, axis=1)[:, 0]
+    residual = jnp.maximum(p_next - q_next, 0.0)
+    rejected = (jnp.take_along_axis(is_draft, accepted[:, None], axis=1)[:, 0]
+                & (residual.sum(axis=-1) > 0))  # p == q leaves no residual, and then never rejects
+    weights = jnp.where(rejected[:, None], residual, p_next)
+    return accepted, jax.random.categorical(token_rng, jnp.log(weights), axis=-1).astype(jnp.int32)

@@ -15,6 +15,7 @@ from flax import struct
 
 from sbd_jax import sharding
 from sbd_jax.config import ModelConfig
+from sbd_jax.data import Packed
 from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss, sbd_loss
 from sbd_jax.train_config import OptimizerConfig, TrainConfig
@@ -24,6 +25,21 @@ class TrainState(struct.PyTreeNode):
     step: jax.Array
     params: Any
     opt_state: Any
+
+
+def sharded_state(params: dict, tx: optax.GradientTransformation, mesh: Any) -> TrainState:
+    """Step 0's state laid out on `mesh`: parameters and optimizer moments by the logical sharding rules."""
+    params = jax.device_put(params, sharding.param_shardings(params, mesh))
+    opt_shardings = sharding.param_shardings(jax.eval_shape(tx.init, params), mesh)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+    return TrainState(jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(mesh)), params, opt_state)
+
+
+def global_batch(host_batch: dict[str, np.ndarray], mesh: Any) -> Batch:
+    """This host's rows of a batch (`Packed` field names) as one global array per field, split over the
+    mesh's batch axes."""
+    batch_sh = sharding.batch_sharding(mesh)
+    return Batch(*[jax.make_array_from_process_local_data(batch_sh, host_batch[name]) for name in Packed._fields])
 
 
 def make_optimizer(opt: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, Any]:

@@ -17,26 +17,24 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sbd_jax import sharding, streaming, train_checkpoints
 from sbd_jax.checkpoints.load import load_model, resolve
 from sbd_jax.config import ModelConfig, RopeScaling
-from sbd_jax.data import Packed
 from sbd_jax.errors import UserError
 from sbd_jax.mask_token import setup_mask_token
 from sbd_jax.model import Transformer, init_params
-from sbd_jax.objective import Batch
 from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
 from sbd_jax.stop_request import StopRequest
 from sbd_jax.tokenizer import load_tokenizer
 from sbd_jax.train_config import DistributedConfig, ModelSection, TrainConfig
 from sbd_jax.train_log import MetricsLog, Progress, Window
 from sbd_jax.train_step import (
-    TrainState,
     block_size_for_step,
+    global_batch,
     jitted_train_step,
     make_optimizer,
+    sharded_state,
 )
 
 
@@ -85,7 +83,7 @@ class Trainer:
             host=jax.process_index(), hosts=jax.process_count())
         self.model = Transformer(self.config, mesh=self.mesh, attention=cfg.model.attention, remat=cfg.model.remat)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
-        self.state = self._sharded_state(params)
+        self.state = sharded_state(params, self.tx, self.mesh)
         self._step: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -98,31 +96,15 @@ class Trainer:
         config = architecture_config(m, m.architecture, tokenizer)
         return config, jax.device_get(init_params(config, self.cfg.seed)), tokenizer
 
-    def _sharded_state(self, params: dict) -> TrainState:
-        param_sh = sharding.param_shardings(params, self.mesh)
-        params = jax.device_put(params, param_sh)
-        opt_shapes = jax.eval_shape(self.tx.init, params)
-        opt_sh = sharding.param_shardings(opt_shapes, self.mesh)
-        opt_state = jax.jit(self.tx.init, out_shardings=opt_sh)(params)
-        step = jax.device_put(jnp.zeros((), jnp.int32), sharding.replicated(self.mesh))
-        return TrainState(step, params, opt_state)
-
-    def state_shardings(self) -> TrainState:
-        return jax.tree.map(lambda x: x.sharding, self.state)
-
     def compiled_step(self, example: tuple) -> tuple[Any, float]:
         """The compiled step (one for every block size), and its compile seconds (0 once compiled)."""
         if self._step is not None:
             return self._step, 0.0
         began = time.perf_counter()
-        step = jitted_train_step(self.cfg, self.model, self.tx, self.schedule, self.mesh, self.state_shardings())
+        step = jitted_train_step(self.cfg, self.model, self.tx, self.schedule, self.mesh,
+                                 jax.tree.map(lambda x: x.sharding, self.state))
         self._step = step.lower(*example).compile()
         return self._step, time.perf_counter() - began
-
-    def global_batch(self, host_batch: dict[str, np.ndarray]) -> Batch:
-        batch_sh = sharding.batch_sharding(self.mesh)
-        return Batch(*[jax.make_array_from_process_local_data(batch_sh, host_batch[name])
-                       for name in Packed._fields])
 
     # ------------------------------------------------------------------ loop
     def checkpoint_manager(self) -> Any:
@@ -147,7 +129,7 @@ class Trainer:
             for step in range(start, end):
                 k = block_size_for_step(self.cfg, step)
                 host_batch = streaming.check_batch(next(self.iterator), self.config.mask_token_id, step + 1)
-                batch = self.global_batch(host_batch)
+                batch = global_batch(host_batch, self.mesh)
                 rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
                 block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
                 compiled, compile_seconds = self.compiled_step((self.state, batch, rng, block_size))

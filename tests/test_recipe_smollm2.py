@@ -5,9 +5,11 @@ import os
 import subprocess
 
 from recipes.smollm2_sbd.distill import repetition, write_distilled
+from recipes.smollm2_sbd import eval as recipe_eval
 from recipes.smollm2_sbd.eval import choose_gamma
 from recipes.smollm2_sbd.humaneval import completion_from_answer, pass_rate, problems
 from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, MODULES, make_prompts
+from recipes.smollm2_sbd.report import markdown
 from sbd_jax.evaluation.scoring import first_difference
 from sbd_jax.sampler import Generation
 from tests.conftest import requires_smollm2
@@ -69,6 +71,55 @@ def test_first_difference_and_gamma_chosen_on_validation_only():
     assert choose_gamma(grid, 8) == 0.35  # the most tokens per forward with agreement >= 0.5
     assert choose_gamma([dict(g, agreement_with_ntp=0.1) for g in grid if g["gamma"]], 8) is None
     assert choose_gamma(grid, 4) is None
+
+
+class FakeEvaluations:
+    """Entries without a model: NTP emits [1, 2, 3, 4] in 4 forwards; verified SBD the same in 2; plain SBD
+    at γ g emits [1, 2, 3, 9] (differs at token 3) in 1 forward when g >= 0.6, else agrees in 4."""
+
+    def __init__(self):
+        self.models = {"base": type("M", (), {"tokenizer": None}), "tuned": type("M", (), {"tokenizer": None})}
+        self.cache = type("Cache", (), {"save": lambda self: None})()
+        self.asked = []
+
+    def get(self, model, setting, split):
+        self.asked.append((model, setting["mode"], setting["block_size"], setting["gamma"], split))
+        n = 2
+        outputs, nfe = [[1, 2, 3, 4]] * n, [4] * n
+        if setting["mode"] == "sbd_verified":
+            nfe = [2] * n
+        elif setting["mode"] == "sbd" and setting["gamma"] >= 0.6:
+            outputs, nfe = [[1, 2, 3, 9]] * n, [1] * n
+        return {"model": model, **setting, "split": split, "n": n, "seconds": 1.0, "outputs": outputs, "nfe": nfe,
+                "drafted": 6 if setting["mode"] != "ntp" else 0, "accepted": 2 if setting["mode"] != "ntp" else 0}
+
+
+def test_evaluation_reports_ntp_and_verified_rows_before_the_validation_grid(monkeypatch):
+    monkeypatch.setattr(recipe_eval, "humaneval_scores", lambda entry, tokenizer, problems: [True, False])
+    evaluations, seen = FakeEvaluations(), []
+    results = recipe_eval.evaluate(evaluations, [], (4, 8), (0.35, 0.6),
+                                   lambda partial: seen.append((len(partial["rows"]), len(partial["validation"]))))
+    labels = [(r["model"], r["mode"], r["block_size"]) for r in results["rows"]]
+    assert labels[:4] == [("base", "ntp", 1), ("tuned", "ntp", 1), ("tuned", "sbd_verified", 4),
+                          ("tuned", "sbd_verified", 8)]
+    first_valid = next(i for i, a in enumerate(evaluations.asked) if a[1] == "sbd" and a[4] == "valid")
+    assert all(a[1] != "sbd" for a in evaluations.asked[:first_valid])  # no plain SBD before its γ is chosen
+    assert seen[:5] == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)] and seen[-1] == (len(results["rows"]), 4)
+    assert results["chosen_gamma"] == {4: 0.35, 8: 0.35}  # γ 0.6 agrees on 0% of validation prompts
+    assert [r["gamma"] for r in results["rows"][4:]] == [0.35, 0.6, 0.35, 0.6]
+    assert results["rows"][4]["chosen_on_validation"] and not results["rows"][5]["chosen_on_validation"]
+    partial = {"rows": results["rows"][:3], "validation": [], "chosen_gamma": {}, "complete": False, "seconds": 600,
+               "prompts": {"humaneval": 2, "test": 2, "valid": 2}}
+    report = markdown({"preset": "cpu", "command": "c", "provenance": {"commit": "abc"}, "machine": "m",
+                       "seconds": {"distill": 0, "train": 60, "eval": 60}, "data": {
+                           "train_prompts": 1, "answer_tokens": 1, "train": 1, "dropped_unfinished": 0, "valid": 2,
+                           "test": 2, "heldout_modules": ["x"], "repetition": {
+                               "answers": 1, "mean_tokens": 1, "cut_off": 0, "repeat_16_token_window": 0,
+                               "distinct_4gram_share": 1}},
+                       "evaluation": partial})
+    assert "evaluation in progress (10 min into this invocation: 3 rows and 0 validation entries so far)" in report
+    assert "| tuned, verified SBD | 4 | ∞ (one pass) | 50.0% (1) | +0 | 2.00 |" in report
+    assert "γ chosen on 2 validation prompts: not yet" in report and "Validation grid" not in report
 
 
 def test_cached_entries_are_keyed_by_the_exact_weights(tmp_path):

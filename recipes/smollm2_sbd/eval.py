@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from sbd_jax.evaluation.scoring import first_difference
 
@@ -131,20 +131,16 @@ def humaneval_scores(entry: dict, tokenizer: Any, problems: list[dict]) -> list[
 
 
 def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequence[int],
-             validation_gammas: Sequence[float]) -> dict:
-    """Validation grid -> γ per block; then every row on the test prompts and on HumanEval."""
+             validation_gammas: Sequence[float], progress: Callable[[dict], None] | None = None) -> dict:
+    """Every row on the test prompts and on HumanEval; plain SBD's γ per block from the validation grid.
+
+    Rows that need no γ (NTP, verified SBD) come first, so the headline is measured before the grid;
+    `progress(results so far)` is called after every row and grid entry (a long run reports as it goes).
+    """
     ntp = ntp_setting()
-    valid_ntp = evaluations.get("tuned", ntp, "valid")
-    validation = [summary(evaluations.get("tuned", sbd_setting(k, g), "valid"), valid_ntp)
-                  for k in block_sizes for g in validation_gammas]
-    chosen = {k: choose_gamma(validation, k) for k in block_sizes}
-    rows_settings = [("base", ntp), ("tuned", ntp)]
-    for k in block_sizes:
-        gammas = sorted({*PAPER_GAMMAS, *([chosen[k]] if chosen[k] is not None else [])})
-        rows_settings += [("tuned", sbd_setting(k, g)) for g in gammas]
-        rows_settings.append(("tuned", sbd_setting(k, VERIFY_GAMMA, verify=True)))
-    rows = []
-    for model, setting in rows_settings:
+    results: dict = {"complete": False, "rows": [], "validation": [], "chosen_gamma": {}}
+
+    def add_row(model: str, setting: dict, chosen: bool = False) -> None:
         test = evaluations.get(model, setting, "test")
         code = evaluations.get(model, setting, "humaneval")
         row = summary(test, evaluations.get(model, ntp, "test"))
@@ -152,16 +148,32 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
         passed = humaneval_scores(code, evaluations.models[model].tokenizer, problems)
         ntp_passed = humaneval_scores(evaluations.get(model, ntp, "humaneval"), evaluations.models[model].tokenizer,
                                       problems)
-        rows.append({**{k: row[k] for k in ("model", "mode", "block_size", "gamma")},
-                     "chosen_on_validation": setting["mode"] == "sbd" and setting["gamma"] == chosen.get(
-                         setting["block_size"]),
-                     "test": {k: v for k, v in row.items() if k not in ("model", "mode", "block_size", "gamma", "split")},
-                     "humaneval": {**{k: v for k, v in code_row.items()
-                                      if k not in ("model", "mode", "block_size", "gamma", "split")},
-                                   "passed": sum(passed), "pass_at_1": sum(passed) / len(passed),
-                                   "passed_vs_ntp": sum(passed) - sum(ntp_passed)}})
+        results["rows"].append(
+            {**{k: row[k] for k in ("model", "mode", "block_size", "gamma")}, "chosen_on_validation": chosen,
+             "test": {k: v for k, v in row.items() if k not in ("model", "mode", "block_size", "gamma", "split")},
+             "humaneval": {**{k: v for k, v in code_row.items()
+                              if k not in ("model", "mode", "block_size", "gamma", "split")},
+                           "passed": sum(passed), "pass_at_1": sum(passed) / len(passed),
+                           "passed_vs_ntp": sum(passed) - sum(ntp_passed)}})
         evaluations.cache.save()  # the harness's verdicts are cached too
-    return {"validation": validation, "chosen_gamma": chosen, "rows": rows}
+        if progress:
+            progress(results)
+
+    for model in ("base", "tuned"):
+        add_row(model, ntp)
+    for k in block_sizes:
+        add_row("tuned", sbd_setting(k, VERIFY_GAMMA, verify=True))
+    valid_ntp = evaluations.get("tuned", ntp, "valid")
+    for k in block_sizes:
+        for g in validation_gammas:
+            results["validation"].append(summary(evaluations.get("tuned", sbd_setting(k, g), "valid"), valid_ntp))
+            if progress:
+                progress(results)
+    chosen = results["chosen_gamma"] = {k: choose_gamma(results["validation"], k) for k in block_sizes}
+    for k in block_sizes:
+        for g in sorted({*PAPER_GAMMAS, *([chosen[k]] if chosen[k] is not None else [])}):
+            add_row("tuned", sbd_setting(k, g), chosen=g == chosen[k])
+    return results
 
 
 def heldout_loss(models: dict, files: Sequence[str], seq_len: int, rows: int) -> dict:
@@ -210,7 +222,8 @@ def load(name: str, spec: str, scan_layers: bool, dtype: str):
     return Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | None = None) -> dict:
+    """Runs the evaluation; `progress(results so far)` after every row, the held-out loss and the speed stage."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="smollm2-135m")
     parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory (train workdir/hf)")
@@ -241,14 +254,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
     models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype)}
     began = time.perf_counter()
     evaluations = Evaluations(args.cache, models, splits, args.max_new_tokens, args.batch_size)
-    results = evaluate(evaluations, tasks, args.block_sizes, args.gammas)
+    about = dict(device=str(jax.devices()[0]), dtype=dtype, prompts={k: len(v) for k, v in splits.items()},
+                 max_new_tokens=args.max_new_tokens)
+
+    def report(results: dict) -> None:
+        if progress:
+            progress({**results, **about, "seconds": time.perf_counter() - began})
+
+    results = evaluate(evaluations, tasks, args.block_sizes, args.gammas, report)
     results["heldout_ntp_loss"] = heldout_loss(models, heldout_source_files(), 512, args.loss_rows)
+    report(results)
     del models, evaluations
     results["speed"] = speed(load("tuned", args.tuned, False, dtype), results["chosen_gamma"], splits["test"],
                              args.max_new_tokens)
-    results.update(device=str(jax.devices()[0]), dtype=dtype, seconds=time.perf_counter() - began,
-                   prompts={k: len(v) for k, v in splits.items()}, max_new_tokens=args.max_new_tokens)
-    return results
+    results["complete"] = True
+    return {**results, **about, "seconds": time.perf_counter() - began}
 
 
 if __name__ == "__main__":

