@@ -171,7 +171,10 @@ def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_th
     (tmp_path / "r" / "results.json").write_text(json.dumps(dict(results, trend=trend)))
     run.main(["--workdir", str(tmp_path / "w"), "--cpu", "--stop-after", "distill", "--results", str(tmp_path / "r")])
     kept_results = json.load(open(tmp_path / "r" / "results.json"))
-    assert kept_results["trend"] == trend and kept_results["earlier_stages_at"] == results["provenance"]["commit"]
+    commit = results["provenance"]["commit"]
+    assert kept_results["trend"] == trend and kept_results["earlier_stages"] == {"trend": commit}
+    assert f"(carried from earlier invocations until this one redoes them: trend at {commit})" in (
+        tmp_path / "r" / "results.md").read_text()
     assert "| 50 | 1.14 | 1.09 | 0.0% |" in (tmp_path / "r" / "results.md").read_text()
 
 

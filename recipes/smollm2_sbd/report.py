@@ -120,8 +120,9 @@ def markdown(results: dict) -> str:
         stages.append("evaluation not run yet")
     head = [f"# SmolLM2-135M-Instruct → SBD on real prompts ({results['preset']})", "",
             f"Command: `{results['command']}` at commit {results['provenance']['commit']} on {results['machine']}"
-            + (f" (stages this invocation has not redone yet: from commit {results['earlier_stages_at']})"
-               if "earlier_stages_at" in results else "") + ".",
+            + (" (carried from earlier invocations until this one redoes them: " + ", ".join(
+                f"{stage} at {commit}" for stage, commit in results["earlier_stages"].items()) + ")"
+               if results.get("earlier_stages") else "") + ".",
             f"Stages: {', '.join(stages)}. Greedy decoding everywhere.", ""]
     body = data_lines(results)
     if "evaluation" in results:

@@ -26,6 +26,7 @@ import platform
 import shutil
 import sys
 import time
+from typing import Any
 
 from sbd_jax.evaluation.results import write_json
 
@@ -242,19 +243,31 @@ def main(argv: list[str]) -> None:
     if os.path.exists(earlier):
         with open(earlier) as f:
             previous = json.load(f)
-        carried = {k: previous[k] for k in ("train", "trend", "evaluation") if k in previous}
-        if carried and previous.get("preset") == preset:
-            results.update(carried, earlier_stages_at=previous.get("earlier_stages_at", previous["provenance"]["commit"]))
+        if previous.get("preset") == preset:
+            made_at = previous["provenance"]["commit"]
+            for stage in ("train", "trend", "evaluation"):
+                if stage in previous:
+                    results[stage] = previous[stage]
+                    results.setdefault("earlier_stages", {})[stage] = previous.get("earlier_stages", {}).get(
+                        stage, previous.get("earlier_stages_at", made_at))
+
+    def redone(stage: str, value: Any) -> None:
+        results[stage] = value
+        earlier = results.get("earlier_stages", {})
+        earlier.pop(stage, None)
+        if not earlier:
+            results.pop("earlier_stages", None)
+
     _write(results, out, write_report)  # after every stage: a run cut short keeps what it finished
     if args.stop_after == "distill":
         return
-    results["train"] = timed("train", train, training_config(args.config, args.base, data, sizes, dtype), train_dir,
-                             args.train_until)
+    redone("train", timed("train", train, training_config(args.config, args.base, data, sizes, dtype), train_dir,
+                           args.train_until))
     _write(results, out, write_report)
     if args.stop_after == "train":
         return
     cache = os.path.join(out, "entries.json")  # beside the results, committed with them: a new machine resumes
-    results["trend"] = timed("eval", trend, args.base, results["train"]["milestones"], data, cache, sizes, dtype)
+    redone("trend", timed("eval", trend, args.base, results["train"]["milestones"], data, cache, sizes, dtype))
     _write(results, out, write_report)
     if results["train"]["steps_done"] < results["train"]["steps"]:
         return
@@ -264,10 +277,10 @@ def main(argv: list[str]) -> None:
             "--loss-rows", str(sizes["loss_rows"]), "--dtype", dtype]
     argv += ["--problems", str(sizes["problems"])] if sizes["problems"] else []
     def progress(partial: dict) -> None:  # the report grows row by row during a long evaluation
-        results["evaluation"] = partial
+        redone("evaluation", partial)
         _write(results, out, write_report)
 
-    results["evaluation"] = timed("eval", evaluation.main, argv, progress)
+    redone("evaluation", timed("eval", evaluation.main, argv, progress))
     _write(results, out, write_report)
 
 
