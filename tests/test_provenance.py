@@ -28,6 +28,29 @@ def test_a_copy_without_git_takes_the_commit_from_the_environment(tmp_path, monk
     assert provenance.commit() == "unknown"
 
 
+def test_only_changed_code_makes_a_measurement_dirty(tmp_path, monkeypatch):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "deep").mkdir()
+    for name in ("deep/code.py", "run.sh", "result.json", "README.md"):
+        (tmp_path / name).write_text("a\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "x")
+    monkeypatch.setattr(provenance, "ROOT", str(tmp_path))
+    head = provenance.commit()
+    assert head and "+" not in head
+    (tmp_path / "result.json").write_text("b\n")  # an earlier benchmark of the same session wrote its result
+    (tmp_path / "README.md").write_text("b\n")
+    assert provenance.commit() == head
+    for name in ("deep/code.py", "run.sh"):
+        (tmp_path / name).write_text("b\n")
+        assert provenance.commit() == head + "+dirty"
+        (tmp_path / name).write_text("a\n")
+
+
 def test_every_result_file_has_a_producing_script_or_folder():
     from benchmarks.results_index import RESULT_GLOBS, ROOT, producer
 

@@ -14,9 +14,13 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 
+CODE_FILES = ("*.py", "*.sh", "pyproject.toml")  # what a measurement depends on; results and prose do not count
+
+
 def commit() -> str:
-    """This checkout's commit, `+dirty` if tracked files differ from it. Outside a git checkout (a copy
-    of the tree on a device machine): $SBD_COMMIT if set, else "unknown"."""
+    """This checkout's commit, `+dirty` if tracked code files differ from it (a result written earlier in
+    the same session, or an edited README, does not make the next measurement dirty). Outside a git
+    checkout (a copy of the tree on a device machine): $SBD_COMMIT if set, else "unknown"."""
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -26,7 +30,7 @@ def commit() -> str:
     head = git("rev-parse", "--short", "HEAD")
     if not head:
         return os.environ.get("SBD_COMMIT", "unknown")
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", *CODE_FILES) else "")
 
 
 def provenance() -> dict[str, str]:
