@@ -276,6 +276,7 @@ def main(argv: list[str]) -> None:
             "--max-new-tokens", str(sizes["max_new"]), "--batch-size", str(sizes["eval_batch"]),
             "--loss-rows", str(sizes["loss_rows"]), "--dtype", dtype]
     argv += ["--problems", str(sizes["problems"])] if sizes["problems"] else []
+
     def progress(partial: dict) -> None:  # the report grows row by row during a long evaluation
         redone("evaluation", partial)
         _write(results, out, write_report)
