@@ -172,12 +172,27 @@ class Transformer(nn.Module):
                 ks.append(k)
                 vs.append(v)
             k_new, v_new = jnp.stack(ks), jnp.stack(vs)
+        if cache is not None:
+            k_new, v_new = _after_cache_reads(x, k_new, v_new)
         x = RMSNorm(cfg.rms_norm_eps, cfg.compute_dtype, cfg.weights_dtype, name="norm")(x)
         if not compute_logits:
             return x, NewKV(k_new, v_new)
         if cfg.tie_word_embeddings:
             return vocab_logits(x, embed.embedding.T), NewKV(k_new, v_new)
         return LMHead(cfg, name="lm_head")(x), NewKV(k_new, v_new)
+
+
+def _after_cache_reads(x_BTD: jax.Array, k_new: jax.Array, v_new: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The new K/V `[layers, B, T, ...]`, made to depend on each row's last hidden state (plus zero).
+
+    The caller writes them into the cache in place (`kv_cache.append`). A layer's K/V are ready before
+    the later layers read their cache slices, so without this dependency XLA cannot order the write after
+    those reads and copies the whole cache on every decoding step (NTP on SmolLM2 here: 1.43x the bare
+    forward's time at 4,096 cached tokens, 1.13x at 256). XLA keeps `x * 0` (it is NaN for x = inf),
+    and a row whose hidden state is not finite has non-finite logits already.
+    """
+    zero = (x_BTD.sum(axis=(1, 2)) * 0).astype(k_new.dtype)[None, :, None, None, None]
+    return k_new + zero, v_new + zero
 
 
 class LMHead(nn.Module):
