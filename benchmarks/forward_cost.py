@@ -137,7 +137,7 @@ def run(model: str, dtype: str, ks, batches, kvs, max_cache_gib: float, repeats:
             if cache_bytes > max_cache_gib * 2**30:
                 print(f"skip batch {batch} kv {kv}: cache {cache_bytes / 2**30:.1f} GiB > {max_cache_gib} GiB")
                 continue
-            kv_shape = (config.num_layers, batch, config.num_kv_heads, slots, config.head_dim)
+            kv_shape = (config.num_layers, batch, slots, config.num_kv_heads, config.head_dim)
             cache = KVCache(k=jnp.full(kv_shape, 0.01, config.compute_dtype),
                             v=jnp.full(kv_shape, 0.01, config.compute_dtype),
                             lengths=jnp.full((batch,), kv, jnp.int32))

@@ -125,22 +125,19 @@ def reference_attention(q_BTNH: jax.Array, parts: Sequence[KeyPart]) -> jax.Arra
     """Dense attention; decoding passes the cache and the new tokens as two parts."""
     batch, num_q, num_heads, head_dim = q_BTNH.shape
     q = _grouped(q_BTNH, parts[0][0].shape[2])
-    # Head-major keys / values: what the products read. The KV cache is stored so (a part made from it
-    # is a transposed view, and the two transposes cancel), so decoding never re-lays out the cache.
-    parts = [(k.swapaxes(1, 2), v.swapaxes(1, 2), mask) for k, v, mask in parts]
     neg = jnp.finfo(jnp.float32).min
     scores = []
     for k, _, mask in parts:
-        s = jnp.einsum("btkgh,bksh->bkgts", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
+        s = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * head_dim**-0.5
         mask_B11TS = jnp.broadcast_to(mask, (batch,) + mask.shape[-2:])[:, None, None]
         scores.append(jnp.where(mask_B11TS, s, neg))
     probs = jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1)
     out = jnp.zeros(q.shape[:1] + q.shape[2:4] + (num_q, head_dim), jnp.float32)
     start = 0
     for k, v, _ in parts:
-        p = probs[..., start:start + k.shape[2]].astype(v.dtype)
-        out = out + jnp.einsum("bkgts,bksh->bkgth", p, v, preferred_element_type=jnp.float32)
-        start += k.shape[2]
+        p = probs[..., start:start + k.shape[1]].astype(v.dtype)
+        out = out + jnp.einsum("bkgts,bskh->bkgth", p, v, preferred_element_type=jnp.float32)
+        start += k.shape[1]
     return out.transpose(0, 3, 1, 2, 4).reshape(batch, num_q, num_heads, head_dim).astype(q_BTNH.dtype)
 
 

@@ -11,10 +11,7 @@ from sbd_jax.config import ModelConfig
 
 @struct.dataclass
 class KVCache:
-    """Keys/values of all layers, `[layers, B, kv_heads, S, head_dim]`; row b holds `lengths[b]` valid slots.
-
-    Head-major: the attention products read each head's slots as one contiguous `[S, head_dim]` matrix,
-    so no decoding step re-lays out the cache (slot-major, XLA transposed every layer's slice each step).
+    """Keys/values of all layers, `[layers, B, S, kv_heads, head_dim]`; row b holds `lengths[b]` valid slots.
 
     Slot s of row b holds the token at position s of that row's sequence. Slots at or beyond
     `lengths[b]` may hold stale values: attention never reads them, and the next append overwrites them.
@@ -26,12 +23,12 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[3]
+        return self.k.shape[2]
 
 
 def init_cache(config: ModelConfig, batch: int, capacity: int, dtype: jnp.dtype | None = None) -> KVCache:
     """An empty cache for `batch` rows of up to `capacity` tokens each."""
-    shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
+    shape = (config.num_layers, batch, capacity, config.num_kv_heads, config.head_dim)
     dtype = dtype or config.compute_dtype
     return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=jnp.zeros((batch,), jnp.int32))
 
@@ -45,13 +42,8 @@ def append(cache: KVCache, k_new: jax.Array, v_new: jax.Array, counts: jax.Array
     num_new = k_new.shape[2]
     slots = cache.lengths[:, None] + jnp.arange(num_new)[None, :]  # [B, T]
     rows = jnp.arange(slots.shape[0])[:, None]
-
-    def write(cache_LBKSH: jax.Array, new_LBTKH: jax.Array) -> jax.Array:
-        # Indexing axes 1 and 3 puts the [B, T] index dims first: values go in as [B, T, layers, K, H].
-        values = jnp.transpose(new_LBTKH, (1, 2, 0, 3, 4)).astype(cache_LBKSH.dtype)
-        return cache_LBKSH.at[:, rows, :, slots].set(values, mode="drop")
-
-    k, v = write(cache.k, k_new), write(cache.v, v_new)
+    k = cache.k.at[:, rows, slots].set(k_new.astype(cache.k.dtype), mode="drop")
+    v = cache.v.at[:, rows, slots].set(v_new.astype(cache.v.dtype), mode="drop")
     return KVCache(k=k, v=v, lengths=cache.lengths + jnp.asarray(counts, jnp.int32))
 
 

@@ -74,9 +74,7 @@ class Attention(nn.Module):
         parts = [(k_BTKH, v_BTKH, mask)]
         if cache_kv is not None:
             cache_k, cache_v, cache_mask = cache_kv
-            # The cache is head-major [B, K, S, H]; attention parts are [B, S, K, H] views.
-            parts.insert(0, (cache_k.swapaxes(1, 2).astype(k_BTKH.dtype), cache_v.swapaxes(1, 2).astype(v_BTKH.dtype),
-                             cache_mask))
+            parts.insert(0, (cache_k.astype(k_BTKH.dtype), cache_v.astype(v_BTKH.dtype), cache_mask))
         out = attention(q_BTNH, parts, self.attention, self.mesh).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
         return _dense(cfg.hidden_size, cfg.o_bias, "o_proj", cfg)(out), (k_BTKH, v_BTKH)
 
