@@ -201,7 +201,7 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
         assert 0.0 < row["humaneval"]["tokens_per_forward"] <= row["block_size"] + 1
         assert row["humaneval"]["n"] == 2 and 0 <= row["humaneval"]["pass_at_1"] <= 1
     assert [t["steps"] for t in results["trend"]] == [1, 2, 3]
-    assert set(results["evaluation"]["heldout_ntp_loss"]) == {"base", "tuned"}
+    assert set(results["evaluation"]["heldout_ntp_loss"]) == {"base", "tuned", "ntp_control"}
     assert results["train"]["steps"] == 3 and results["provenance"]["commit"]
     assert "## HumanEval and held-out prompts" in (tmp_path / "results.md").read_text()
 

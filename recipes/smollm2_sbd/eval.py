@@ -227,6 +227,8 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="smollm2-135m")
     parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory (train workdir/hf)")
+    parser.add_argument("--ntp-control", default=None,
+                        help="an NTP-only fine-tune on the same data (HF directory): its held-out loss is reported")
     parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
     parser.add_argument("--cache", required=True, help="JSON file of finished entries (a rerun resumes)")
     parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
@@ -263,6 +265,9 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
 
     # Claim 1 first: a few minutes, and the one number no decoding row can stand in for.
     loss = heldout_loss(models, heldout_source_files(), 512, args.loss_rows)
+    if args.ntp_control:
+        loss.update(heldout_loss({"ntp_control": load("ntp_control", args.ntp_control, True, dtype)},
+                                 heldout_source_files(), 512, args.loss_rows))
     results = evaluate(evaluations, tasks, args.block_sizes, args.gammas,
                        lambda partial: report({**partial, "heldout_ntp_loss": loss}))
     results["heldout_ntp_loss"] = loss

@@ -71,9 +71,11 @@ def loss_lines(results: dict) -> list[str]:
     if "heldout_ntp_loss" not in results["evaluation"]:
         return []
     loss = results["evaluation"]["heldout_ntp_loss"]
+    control = (f"; the NTP-only fine-tune on the same data (the control) {loss['ntp_control']:.4f} "
+               f"({loss['ntp_control'] / loss['base'] - 1:+.1%})" if "ntp_control" in loss else "")
     return ["## Held-out NTP loss (claim 1)", "",
             f"Source of the held-out modules (real text, never trained on here): base {loss['base']:.4f}, "
-            f"fine-tuned {loss['tuned']:.4f} ({loss['tuned'] / loss['base'] - 1:+.1%}).", ""]
+            f"fine-tuned with SBD {loss['tuned']:.4f} ({loss['tuned'] / loss['base'] - 1:+.1%}){control}.", ""]
 
 
 def trend_lines(results: dict) -> list[str]:

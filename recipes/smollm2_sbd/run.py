@@ -1,4 +1,5 @@
-"""The whole recipe, one command: self-distilled data -> SBD fine-tune -> evaluation against the base model.
+"""The whole recipe, one command: self-distilled data -> SBD fine-tune (and its NTP-only control, for the
+held-out loss) -> evaluation against the base model.
 
     python -m recipes.smollm2_sbd.run --workdir runs/smollm2_sbd     # sized for one H200 (not yet run on one)
     python -m recipes.smollm2_sbd.run --workdir runs/cpu --cpu      # the real-text study on a 2-core CPU
@@ -149,6 +150,17 @@ def train(cfg, workdir: str, until: int | None = None) -> dict:
             "median_seconds_per_step": sorted(r["seconds"] for r in curve)[len(curve) // 2]}
 
 
+def ntp_control(cfg, workdir: str) -> str:
+    """Claim 1's control: an NTP-only fine-tune with the same data, steps, batch and schedule, so the
+    held-out loss separates what the data does to the model from what the SBD objective adds. Resumable
+    like the SBD run; returns its exported HF directory."""
+    from sbd_jax.trainer import Trainer
+
+    cfg.objective.kind = "ntp"
+    Trainer(cfg, workdir).run()
+    return os.path.join(workdir, "hf")
+
+
 def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype: str) -> list[dict]:
     """Tokens per forward on the validation prompts at every milestone: verified SBD and plain SBD (γ 0.35)."""
     from recipes.smollm2_sbd.eval import (
@@ -271,7 +283,10 @@ def main(argv: list[str]) -> None:
     _write(results, out, write_report)
     if results["train"]["steps_done"] < results["train"]["steps"]:
         return
-    argv = ["--base", args.base, "--tuned", os.path.join(train_dir, "hf"), "--data", data, "--cache", cache,
+    control = timed("train", ntp_control, training_config(args.config, args.base, data, sizes, dtype),
+                    os.path.join(args.workdir, "train_ntp"))
+    argv = ["--base", args.base, "--tuned", os.path.join(train_dir, "hf"), "--ntp-control", control,
+            "--data", data, "--cache", cache,
             "--block-sizes", *map(str, sizes["block_sizes"]), "--gammas", *map(str, sizes["gammas"]),
             "--max-new-tokens", str(sizes["max_new"]), "--batch-size", str(sizes["eval_batch"]),
             "--loss-rows", str(sizes["loss_rows"]), "--dtype", dtype]
