@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SmolLM2 SBD recipe on one GPU (distill -> fine-tune -> evaluate), returning only the result files.
+# The SmolLM2 SBD recipe on one GPU (distill -> fine-tune -> NTP-only control -> evaluate), returning only the result files.
 #   bash recipes/smollm2_sbd/gpu.sh [--base MODEL]     # on the GPU machine, under a 560 s limit (the device
 #                                                      # tool's cap is 600 s): results in $OUT (if set) and
 #                                                      # recipes/smollm2_sbd/results/gpu/
