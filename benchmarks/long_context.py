@@ -15,28 +15,19 @@ benchmarks/results/long_context_<platform>.json.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 
-def step_seconds(decoder, params, cache, steps_of, repeats: int) -> float:
+def step_seconds(decoder, params, cache, repeats: int) -> float:
     """Median seconds per loop iteration of `decoder.decode` from `cache` (compile excluded)."""
     import jax
     import jax.numpy as jnp
 
     from sbd_jax.decoders import Knobs
+    from sbd_jax.evaluation.measure import median_seconds
 
-    def once():
-        return jax.block_until_ready(decoder.decode(params, cache, jnp.zeros((1,), jnp.int32), jax.random.key(0),
-                                                    Knobs.create(1.0)))
-
-    out = once()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times) / steps_of(out)
+    args = (params, cache, jnp.zeros((1,), jnp.int32), jax.random.key(0), Knobs.create(1.0))
+    iterations = int(decoder.decode(*args).nfe[0])  # batch 1: one forward per loop iteration
+    return median_seconds(decoder.decode, *args, repeats=repeats) / iterations
 
 
 def main() -> None:
@@ -71,7 +62,7 @@ def main() -> None:
         filled = capacity - args.steps - 2 * k
         cache = init_cache(config, 1, capacity).replace(lengths=jnp.full((1,), filled, jnp.int32))
         for name, (decoder, tokens) in decoders.items():
-            step = step_seconds(decoder, model.params, cache, lambda out: int(out.nfe[0]), args.repeats)
+            step = step_seconds(decoder, model.params, cache, args.repeats)
             bare = forward_seconds(model, 1, tokens, filled + args.steps // 2, calls=10)
             rows.append({"capacity": capacity, "decoder": name, "tokens_per_forward_pass": tokens,
                          "step_seconds": step, "bare_forward_seconds": bare, "step_over_bare": step / bare})

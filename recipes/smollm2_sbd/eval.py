@@ -264,10 +264,9 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
             progress({**results, **about, "seconds": time.perf_counter() - began})
 
     # Claim 1 first: a few minutes, and the one number no decoding row can stand in for.
-    loss = heldout_loss(models, heldout_source_files(), 512, args.loss_rows)
-    if args.ntp_control:
-        loss.update(heldout_loss({"ntp_control": load("ntp_control", args.ntp_control, True, dtype)},
-                                 heldout_source_files(), 512, args.loss_rows))
+    control = {"ntp_control": load("ntp_control", args.ntp_control, True, dtype)} if args.ntp_control else {}
+    loss = heldout_loss({**models, **control}, heldout_source_files(), 512, args.loss_rows)
+    del control
     results = evaluate(evaluations, tasks, args.block_sizes, args.gammas,
                        lambda partial: report({**partial, "heldout_ntp_loss": loss}))
     results["heldout_ntp_loss"] = loss
