@@ -86,6 +86,15 @@ def eb_reveal(scores: jax.Array, still_masked: jax.Array, gamma: jax.Array | flo
     return still_masked & jnp.take_along_axis(reveal_sorted, ranks, axis=-1)
 
 
+def leading_true(flags_BK: jax.Array) -> jax.Array:
+    """[B]: how many of each row's flags are True before its first False (k if none is False).
+
+    A min-reduction: a cumulative product says the same in a `reduce_window`, a separate and slower
+    operation per decoding pass on a CPU."""
+    k = flags_BK.shape[1]
+    return jnp.where(flags_BK, k, jnp.arange(k)).min(axis=1).astype(jnp.int32)
+
+
 def speculative_accept(p_logits: jax.Array, q_logits: jax.Array, drafts: jax.Array, is_draft: jax.Array,
                        accept_rng: jax.Array, token_rng: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Speculative sampling over `[B, k]` drafts: how many are accepted, and the token after them.
@@ -100,7 +109,7 @@ def speculative_accept(p_logits: jax.Array, q_logits: jax.Array, drafts: jax.Arr
     p_draft = jnp.take_along_axis(p, drafts[..., None], axis=-1)[..., 0]
     q_draft = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
     u = jax.random.uniform(accept_rng, drafts.shape)
-    accepted = jnp.cumprod(is_draft & (u * q_draft < p_draft), axis=1).sum(axis=1)  # u < p/q, q > 0 for a draft
+    accepted = leading_true(is_draft & (u * q_draft < p_draft))  # u < p/q, q > 0 for a draft
     at = accepted[:, None, None]
     p_next, q_next = jnp.take_along_axis(p, at, axis=1)[:, 0], jnp.take_along_axis(q, at, axis=1)[:, 0]
     residual = jnp.maximum(p_next - q_next, 0.0)

@@ -13,7 +13,7 @@ from flax import struct
 from sbd_jax.decoders import DecodeOutput, Knobs, kept_through_eos
 from sbd_jax.kv_cache import KVCache, append
 from sbd_jax.sbd_decoder import BlockDecoder
-from sbd_jax.token_choice import draw, sampling_logits, speculative_accept, without_token
+from sbd_jax.token_choice import draw, leading_true, sampling_logits, speculative_accept, without_token
 
 
 @struct.dataclass
@@ -23,9 +23,8 @@ class _VerifyState:
     pending: jax.Array  # [B, k] an exact token, then the drafts it is followed by
     pending_count: jax.Array  # [B] 1 + drafts
     draft_logits: jax.Array  # [B, k, V] sampling: at j, the distribution drafts[j] was drawn from ([B, k, 0] greedy)
-    tokens: jax.Array  # [B, N + k]
-    passes: jax.Array  # [B, N + k]
-    corrected: jax.Array  # [B, N + k]
+    # [B, N + k, 3]: each output slot's token, pass and whether it corrects a draft (one scatter a pass)
+    record: jax.Array
     nfe: jax.Array
     count: jax.Array
     done: jax.Array
@@ -105,14 +104,14 @@ class VerifiedSBDDecoder(BlockDecoder):
                                                              token_rng)
             else:
                 exact = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)
-                accepted = jnp.cumprod(is_draft & (drafts == exact), axis=1).sum(axis=1)
+                accepted = leading_true(is_draft & (drafts == exact))
                 next_token = jnp.take_along_axis(exact, accepted[:, None], axis=1)[:, 0]
             emitted = jnp.where(j < accepted[:, None], drafts, next_token[:, None])
             kept, ended = kept_through_eos(self._is_eos(emitted) & (j <= accepted[:, None]),
                                            jnp.where(live, jnp.minimum(accepted + 1, self.max_new_tokens - s.count), 0))
             slots = s.count[:, None] + j
             was_corrected = (j == accepted[:, None]) & (accepted < s.pending_count - 1)[:, None]
-            eos_before = (jnp.cumsum(self._is_eos(drafts), axis=1) - self._is_eos(drafts)) > 0
+            eos_before = j > leading_true(~self._is_eos(drafts))[:, None]
             count = s.count + kept
             done = s.done | ended | (count >= self.max_new_tokens)
             # Every draft accepted: this pass's block holds, `next_token` at its first position and drafts
@@ -129,9 +128,9 @@ class VerifiedSBDDecoder(BlockDecoder):
                 pending_count=jnp.where(whole, k, 1).astype(jnp.int32),
                 # The next pass tests pending position j + 1 against q at block position j + 1.
                 draft_logits=jnp.roll(q_logits, -1, axis=1) if sampling else s.draft_logits,
-                tokens=s.tokens.at[rows, slots].set(emitted, mode="drop"),
-                passes=s.passes.at[rows, slots].set(jnp.broadcast_to(nfe[:, None], emitted.shape), mode="drop"),
-                corrected=s.corrected.at[rows, slots].set(was_corrected, mode="drop"),
+                record=s.record.at[rows, slots].set(
+                    jnp.stack([emitted, jnp.broadcast_to(nfe[:, None], emitted.shape), was_corrected], axis=-1),
+                    mode="drop"),
                 nfe=nfe, count=count, done=done,
                 drafted=s.drafted + jnp.where(live, (is_draft & (drafts != mask_id) & ~eos_before).sum(axis=1), 0),
                 accepted=s.accepted + jnp.where(live, jnp.minimum(accepted, kept), 0))
@@ -143,9 +142,9 @@ class VerifiedSBDDecoder(BlockDecoder):
                             pending=jnp.zeros((batch, k), jnp.int32).at[:, 0].set(last_token_B),
                             pending_count=jnp.ones((batch,), jnp.int32),
                             draft_logits=jnp.zeros((batch, k, vocab), jnp.float32),
-                            tokens=jnp.zeros((batch, width), jnp.int32), passes=jnp.zeros((batch, width), jnp.int32),
-                            corrected=jnp.zeros((batch, width), bool), nfe=zeros, count=zeros,
+                            record=jnp.zeros((batch, width, 3), jnp.int32), nfe=zeros, count=zeros,
                             done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros)
         final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
-        return DecodeOutput(tokens=final.tokens, num_tokens=final.count, nfe=final.nfe, reveal_pass=final.passes,
-                            corrected=final.corrected, drafted=final.drafted, accepted=final.accepted)
+        return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
+                            reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
+                            drafted=final.drafted, accepted=final.accepted)
