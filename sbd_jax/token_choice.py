@@ -39,10 +39,27 @@ def choose_tokens(logits: jax.Array, rng: jax.Array, temperature: float, top_p: 
     return draw(sampling_logits(logits, temperature, top_p), rng, temperature)
 
 
+def greedy_token(logits: jax.Array) -> jax.Array:
+    """`jnp.argmax` over the last axis (the first maximum on ties), as int32; a row holding NaN (a broken
+    model) gets the index of a NaN or of its largest number, never one out of range.
+
+    Lowered for a CPU it is a max, then a min over the positions that hold it: XLA's CPU argmax (one
+    reduction over value-index pairs) is several times slower on a large vocabulary (49,152 tokens, 8
+    positions: 0.87 ms against 0.20), time that a decoding step spends on every pass.
+    """
+    def two_reductions(x: jax.Array) -> jax.Array:
+        top = x.max(axis=-1, keepdims=True)
+        index = jnp.arange(x.shape[-1], dtype=jnp.int32)
+        return jnp.where((x == top) | jnp.isnan(x), index, x.shape[-1]).min(axis=-1)
+
+    return jax.lax.platform_dependent(logits, cpu=two_reductions,
+                                      default=lambda x: jnp.argmax(x, axis=-1).astype(jnp.int32))
+
+
 def draw(dist_logits: jax.Array, rng: jax.Array, temperature: float) -> jax.Array:
     """A token from logits already passed through `sampling_logits`: argmax if greedy, else a sample."""
     if temperature == 0.0:
-        return jnp.argmax(dist_logits, axis=-1).astype(jnp.int32)
+        return greedy_token(dist_logits)
     return jax.random.categorical(rng, dist_logits, axis=-1).astype(jnp.int32)
 
 

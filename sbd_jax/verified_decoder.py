@@ -13,7 +13,7 @@ from flax import struct
 from sbd_jax.decoders import DecodeOutput, Knobs, kept_through_eos
 from sbd_jax.kv_cache import KVCache, append
 from sbd_jax.sbd_decoder import BlockDecoder
-from sbd_jax.token_choice import draw, leading_true, sampling_logits, speculative_accept, without_token
+from sbd_jax.token_choice import draw, greedy_token, leading_true, sampling_logits, speculative_accept, without_token
 
 
 @struct.dataclass
@@ -103,7 +103,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                 accepted, next_token = self.speculative_test(p_logits, s.draft_logits, drafts, is_draft, accept_rng,
                                                              token_rng)
             else:
-                exact = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)
+                exact = greedy_token(p_logits)
                 accepted = leading_true(is_draft & (drafts == exact))
                 next_token = jnp.take_along_axis(exact, accepted[:, None], axis=1)[:, 0]
             emitted = jnp.where(j < accepted[:, None], drafts, next_token[:, None])
