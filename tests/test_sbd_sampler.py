@@ -13,7 +13,7 @@ from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.model import Transformer, init_params
 from sbd_jax.sampler import generate
 from sbd_jax.sbd_decoder import SBDDecoder
-from sbd_jax.token_choice import eb_reveal, greedy_token, uncertainty
+from sbd_jax.token_choice import TWO_REDUCTIONS_FROM_VOCAB, eb_reveal, greedy_token, uncertainty
 from tests.test_decoding import CFG as BASE_CFG
 from tests.test_decoding import PROMPTS
 
@@ -63,7 +63,7 @@ def test_greedy_token_is_argmax():
     """The CPU's two-reduction argmax picks what jnp.argmax picks: the first maximum among ties (logits
     drawn from 4 values tie often), index 0 in an all -inf row; a NaN or the maximum where a row holds
     NaN; other platforms lower jnp.argmax itself."""
-    logits = jax.random.randint(jax.random.key(0), (64, 3, 500), 0, 4).astype(jnp.float32).at[1].set(-jnp.inf)
+    logits = jax.random.randint(jax.random.key(0), (64, 3, TWO_REDUCTIONS_FROM_VOCAB), 0, 4).astype(jnp.float32).at[1].set(-jnp.inf)
     np.testing.assert_array_equal(jax.jit(greedy_token)(logits), jnp.argmax(logits, axis=-1))
     broken = logits.at[0, 0, 7].set(jnp.nan).at[0, 0, 300].set(jnp.nan)
     assert int(jax.jit(greedy_token)(broken)[0, 0]) in (7, int(jnp.argmax(logits[0, 0])))
