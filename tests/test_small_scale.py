@@ -100,3 +100,18 @@ def test_smoke_run_writes_every_result(tmp_path):
     assert "## Headline" in report and results["command"] in report
     for plot in ("accuracy_vs_passes.png", "loss_curves.png", "gamma0_diagnostic.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_first_difference_names_where_sbd_departs_from_ntp():
+    from experiments.small_scale.error_positions import first_difference
+
+    ntp = [5, 6, 7, 8, 9, 1]
+    assert first_difference(ntp, ntp, [1] * 6, 4) is None
+    # Position 5 = block 2's position 1 ("early"), the only one pass 3 revealed; the block's first pass was 2.
+    assert first_difference(ntp, [5, 6, 7, 8, 9, 2], [1, 1, 1, 1, 2, 3], 4) == {
+        "kind": "token", "band": "early", "first_pass": False, "alone": True}
+    assert first_difference(ntp, [5, 6, 7, 3, 9, 1], [1, 2, 2, 2, 3, 3], 4) == {
+        "kind": "token", "band": "last", "first_pass": False, "alone": False}
+    assert first_difference(ntp, [5, 6, 7, 3], [1, 1, 1, 1], 4)["first_pass"]
+    assert first_difference(ntp, ntp[:3], [1, 1, 1], 4) == {"kind": "stopped early"}
+    assert first_difference(ntp[:3], ntp, [1] * 6, 4) == {"kind": "went on"}
