@@ -115,8 +115,8 @@ def eb_reveal(scores: jax.Array, still_masked: jax.Array, gamma: jax.Array | flo
 def leading_true(flags_BK: jax.Array) -> jax.Array:
     """[B]: how many of each row's flags are True before its first False (k if none is False).
 
-    A min-reduction: a cumulative product says the same in a `reduce_window`, a separate and slower
-    operation per decoding pass on a CPU."""
+    One min-reduction, where a cumulative product takes a `reduce_window` and a sum: operations a
+    decoding loop runs every pass (dispatched one by one on a CPU)."""
     k = flags_BK.shape[1]
     return jnp.where(flags_BK, k, jnp.arange(k)).min(axis=1).astype(jnp.int32)
 
