@@ -27,18 +27,23 @@ from sbd_jax.evaluation.results import write_json
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(model, prompts, setting, max_new_tokens, batch, longest, executables=None):
-    """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded
-    (pass one `executables` to calls that should share what earlier ones compiled)."""
+def decoder_for(model, setting, max_new_tokens):
+    """NTP (`{"mode": "ntp"}`) or verified SBD (`{"mode": "verified", "block_size": k}`) for `model`."""
     from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.sampler import Executables, generate
     from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
     common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
     if setting["mode"] == "ntp":
-        decoder = NTPDecoder(model.config, **common)
-    else:
-        decoder = VerifiedSBDDecoder(model.config, block_size=setting["block_size"], **common)
+        return NTPDecoder(model.config, **common)
+    return VerifiedSBDDecoder(model.config, block_size=setting["block_size"], **common)
+
+
+def run(model, prompts, setting, max_new_tokens, batch, longest, executables=None):
+    """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded
+    (pass one `executables` to calls that should share what earlier ones compiled)."""
+    from sbd_jax.sampler import Executables, generate
+
+    decoder = decoder_for(model, setting, max_new_tokens)
     generations, prefill, decode = [], 0.0, 0.0
     executables = executables or Executables()
     for start in range(0, len(prompts), batch):

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -75,6 +77,23 @@ def test_verify_batches_table_is_consistent(tmp_path):
         assert sum(r["rule_choice"] for r in group) == 1
         for r in group:
             assert r["prompts"] == 2 and r["tokens_per_second"] > 0 and r["pass_overhead"] > 0
+            # The bare forward runs in a cache as large as the decoder's: the prompt bucket (64) + 72 new
+            # tokens, + k draft slots for verified SBD.
+            assert r["cache_slots"] == 64 + 72 + (0 if r["block_size"] == 1 else r["block_size"])
             assert abs(r["efficiency"] * r["ideal_speedup"] - r["speedup"]) < 1e-9
             assert abs(r["ideal_speedup"] - r["tokens_per_forward"] * group[0]["bare_forward_seconds"]
                        / r["bare_forward_seconds"]) < 1e-9
+
+
+def test_bare_forward_refuses_a_cache_too_small_for_its_tokens():
+    from types import SimpleNamespace
+
+    from sbd_jax.errors import UserError
+    from sbd_jax.evaluation.measure import forward_seconds
+    from sbd_jax.model import init_params
+    from tests.test_decoding import CFG
+
+    model = SimpleNamespace(config=CFG, params=init_params(CFG, seed=0))
+    with pytest.raises(UserError, match="capacity=12 cannot hold 10 cached \\+ 4 new tokens"):
+        forward_seconds(model, 1, 4, 10, calls=1, capacity=12)
+    assert forward_seconds(model, 1, 4, 10, calls=1, capacity=20) > 0

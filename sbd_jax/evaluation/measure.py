@@ -19,6 +19,7 @@ from sbd_jax import masks
 from sbd_jax.config import ModelConfig
 from sbd_jax.data import Packed, load_packed
 from sbd_jax.decoders import NTPDecoder
+from sbd_jax.errors import UserError
 from sbd_jax.evaluation.arithmetic import Problem, final_result
 from sbd_jax.evaluation.scoring import wilson
 from sbd_jax.model import Transformer
@@ -142,15 +143,21 @@ def tokens_per_second(model: Trained, setting: dict, test: Sequence[Problem], ma
     return sorted(rates)[len(rates) // 2]
 
 
-def forward_seconds(model: Any, batch: int, n: int, context: int, calls: int, inner: int = 8) -> float:
+def forward_seconds(model: Any, batch: int, n: int, context: int, calls: int, inner: int = 8,
+                    capacity: int | None = None) -> float:
     """Median time of one bare decoding forward of `n` new tokens per row at `batch` rows with `context`
-    cached tokens (the model alone: no sampling, no cache update); `model` has `.config` and `.params`.
+    cached tokens in a cache of `capacity` slots (default `context + n`; attention reads every slot, so
+    compare a decoding loop with the bare forward at the loop's own capacity). The model alone: no
+    sampling, no cache update; `model` has `.config` and `.params`.
 
     Timed as `inner` forwards in one compiled loop, as a decoding loop runs them: a call per forward
     would add the host's dispatch time, which is most of a small model's forward on a CPU."""
     from sbd_jax.kv_cache import init_cache
 
-    cache = init_cache(model.config, batch, context + n)
+    capacity = context + n if capacity is None else capacity
+    if capacity < context + n:
+        raise UserError(f"capacity={capacity} cannot hold {context} cached + {n} new tokens")
+    cache = init_cache(model.config, batch, capacity)
     cache = cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
     positions = cache.lengths[:, None] + jnp.arange(n)
 
