@@ -63,7 +63,7 @@ def main() -> None:
         cache = init_cache(config, 1, capacity).replace(lengths=jnp.full((1,), filled, jnp.int32))
         for name, (decoder, tokens) in decoders.items():
             step = step_seconds(decoder, model.params, cache, args.repeats)
-            bare = forward_seconds(model, 1, tokens, filled + args.steps // 2, calls=10)
+            bare = forward_seconds(model, 1, tokens, filled + args.steps // 2, calls=10, capacity=capacity)
             rows.append({"capacity": capacity, "decoder": name, "tokens_per_forward_pass": tokens,
                          "step_seconds": step, "bare_forward_seconds": bare, "step_over_bare": step / bare})
             print(f"capacity {capacity:>5} {name:>11}: step {step * 1e3:6.2f} ms, bare forward {bare * 1e3:6.2f} ms, "
