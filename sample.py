@@ -3,6 +3,7 @@
     python sample.py --model smollm2-135m --prompt "What is 2+2?" --chat --mode ntp --max-new-tokens 64 [--json]
     python sample.py --model DIR --prompt "..." --mode sbd --gamma 0.35 --block-size 16 [--show-passes]
     python sample.py --model DIR --prompt "..." --mode sbd --verify   # exactly NTP's output (or distribution)
+    python sample.py --model DIR --prompts-file p.jsonl --mode sbd --verify --block-size auto   # fastest k here
     python sample.py --model DIR --prompts-file prompts.jsonl --mode sbd   # {"prompt": "..."} per line
 
 `--model` takes a known name (smollm2-135m), a Hugging Face model directory or a .gguf file.
@@ -12,6 +13,7 @@ Bad input ends with a one-line error and exit code 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -33,7 +35,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=float, default=None,
                    help="SBD: entropy budget per pass (0 = one token; default 0.35); not with --verify")
-    p.add_argument("--block-size", type=int, default=16, help="SBD: tokens per block")
+    p.add_argument("--block-size", type=block_size_arg, default=16,
+                   help="SBD: tokens per block; with --verify also 'auto': time blocks 4 / 8 / 16 on this machine "
+                   "at this batch (greedy verified decoding of the first 64 tokens of each prompt, then bare "
+                   "forwards) and use the fastest predicted, or NTP where none is predicted to beat it")
     p.add_argument("--proxy", default="entropy",
                    help="SBD: uncertainty score: entropy, confidence or margin (left_to_right: a diagnostic order)")
     p.add_argument("--verify", action="store_true",
@@ -53,6 +58,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     p.add_argument("--show-passes", action="store_true", help="colour each token by the pass that revealed it")
     return p.parse_args(argv)
+
+
+def block_size_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
 
 
 def read_prompts_file(path: str) -> list[str]:
@@ -81,10 +95,21 @@ def main(argv: list[str]) -> None:
         raise UserError("give at least one --prompt or a --prompts-file")
     from sbd_jax.api import Settings, load
 
-    settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens, block_size=args.block_size,
-                        gamma=args.gamma, proxy=args.proxy, verify=args.verify, temperature=args.temperature,
+    auto = args.block_size == "auto"
+    if auto and not (args.mode == "sbd" and args.verify):
+        raise UserError("--block-size auto picks the fastest block for verified SBD, whose output does not depend "
+                        "on it: add --mode sbd --verify, or give plain SBD a number (its block size changes the text)")
+    settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
+                        block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
+                        verify=args.verify, temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id)
+    if auto:
+        choice = model.choose_block_size(texts, batch=len(texts), chat=args.chat,
+                                         max_new_tokens=min(args.max_new_tokens, 64))
+        print(f"[--block-size auto at batch {len(texts)}: {choice.describe()}]", file=sys.stderr)
+        settings = (dataclasses.replace(settings, mode="ntp", verify=False) if choice.block_size == 1
+                    else dataclasses.replace(settings, block_size=choice.block_size))
     results = model.generate(texts, settings, chat=args.chat, seed=args.seed, max_cache_len=args.max_cache_len)
     timing = model.last_timing
     for text, result in zip(texts, results):
@@ -94,26 +119,26 @@ def main(argv: list[str]) -> None:
                 "prompt": text, "text": result.text, "token_ids": result.token_ids, "new_tokens": n,
                 "nfe": result.nfe, "tokens_per_pass": result.tokens_per_pass, "seconds": timing.seconds,
                 "prefill_seconds": timing.prefill_seconds, "decode_seconds": timing.decode_seconds,
-                "compile_seconds": timing.compile_seconds, "batch": len(texts), "mode": args.mode,
-                **({"gamma": settings.entropy_budget, "block_size": args.block_size, "reveal_pass": result.reveal_pass,
-                    "verify": args.verify} if args.mode == "sbd" else {}),
+                "compile_seconds": timing.compile_seconds, "batch": len(texts), "mode": settings.mode,
+                **({"gamma": settings.entropy_budget, "block_size": settings.block_size,
+                    "reveal_pass": result.reveal_pass, "verify": settings.verify} if settings.mode == "sbd" else {}),
                 **({"accepted_fraction": result.accepted_fraction, "drafted": result.drafted,
-                    "accepted": result.accepted, "corrected": result.corrected} if args.verify else {}),
+                    "accepted": result.accepted, "corrected": result.corrected} if settings.verify else {}),
             }))
         elif args.show_passes:
             print(coloured(model.tokenizer, result.token_ids, result.reveal_pass, result.corrected))
         else:
             print(result.text)
         if not args.json and len(texts) == 1:
-            accepted = f", {result.accepted_fraction:.0%} of drafts accepted" if args.verify else ""
-            print(f"[{args.mode}: {n} tokens in {result.nfe} passes ({result.tokens_per_pass:.2f} tokens/pass"
+            accepted = f", {result.accepted_fraction:.0%} of drafts accepted" if settings.verify else ""
+            print(f"[{settings.mode}: {n} tokens in {result.nfe} passes ({result.tokens_per_pass:.2f} tokens/pass"
                   f"{accepted}); "
                   f"prefill {timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "
                   f"compile {timing.compile_seconds:.1f}s]")
     if not args.json and len(texts) > 1:
         tokens = sum(len(r.token_ids) for r in results)
         passes = sum(r.nfe for r in results)
-        print(f"[{args.mode}, batch of {len(texts)}: {tokens} tokens, mean {tokens / max(passes, 1):.2f} "
+        print(f"[{settings.mode}, batch of {len(texts)}: {tokens} tokens, mean {tokens / max(passes, 1):.2f} "
               f"tokens/pass, {tokens / timing.seconds:.1f} tokens/s (prefill {timing.prefill_seconds:.2f}s + "
               f"decode {timing.decode_seconds:.2f}s), compile {timing.compile_seconds:.1f}s]")
 

@@ -81,20 +81,10 @@ def margins(model, prompts, outputs, positions) -> list[float]:
 
 
 def decode(model, prompts, max_new_tokens, batch, block_size=None) -> list[list[int]]:
-    from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.sampler import Executables, generate
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
+    from benchmarks.verify import run
 
-    common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
-    decoder = (NTPDecoder(model.config, **common) if block_size is None
-               else VerifiedSBDDecoder(model.config, block_size=block_size, **common))
-    longest = max(len(p) for p in prompts)
-    outputs, executables = [], Executables()
-    for start in range(0, len(prompts), batch):
-        generations, _ = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest,
-                                  executables=executables)
-        outputs += [g.token_ids for g in generations]
-    return outputs
+    setting = {"mode": "ntp"} if block_size is None else {"mode": "verified", "block_size": block_size}
+    return [g.token_ids for g in run(model, prompts, setting, max_new_tokens, batch, longest=0)[0]]
 
 
 def agreement(name: str, spec: str, mask_token_id: int | None, prompts_of, max_new_tokens: int) -> dict:

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import os
 
-from sbd_jax.evaluation.measure import median_seconds
+from sbd_jax.timing import median_seconds
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

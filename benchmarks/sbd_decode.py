@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from sbd_jax.evaluation.measure import median_seconds
+from sbd_jax.timing import median_seconds
 from sbd_jax.evaluation.results import write_json
 
 

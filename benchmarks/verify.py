@@ -27,32 +27,16 @@ from sbd_jax.evaluation.results import write_json
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def decoder_for(model, setting, max_new_tokens):
-    """NTP (`{"mode": "ntp"}`) or verified SBD (`{"mode": "verified", "block_size": k}`) for `model`."""
-    from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
-
-    common = dict(max_new_tokens=max_new_tokens, eos_ids=model.config.eos_token_ids)
-    if setting["mode"] == "ntp":
-        return NTPDecoder(model.config, **common)
-    return VerifiedSBDDecoder(model.config, block_size=setting["block_size"], **common)
-
-
 def run(model, prompts, setting, max_new_tokens, batch, longest, executables=None):
     """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded
     (pass one `executables` to calls that should share what earlier ones compiled)."""
-    from sbd_jax.sampler import Executables, generate
+    from sbd_jax.block_choice import decoder_for
+    from sbd_jax.sampler import Executables, generate_batched
 
-    decoder = decoder_for(model, setting, max_new_tokens)
-    generations, prefill, decode = [], 0.0, 0.0
-    executables = executables or Executables()
-    for start in range(0, len(prompts), batch):
-        results, timing = generate(decoder, model.params, prompts[start: start + batch], pad_to=longest,
-                                   executables=executables)
-        generations += results
-        prefill += timing.prefill_seconds
-        decode += timing.decode_seconds
-    return generations, (prefill, decode)
+    decoder = decoder_for(model.config, 1 if setting["mode"] == "ntp" else setting["block_size"], max_new_tokens)
+    generations, timing = generate_batched(decoder, model.params, prompts, batch, pad_to=longest,
+                                           executables=Executables() if executables is None else executables)
+    return generations, (timing.prefill_seconds, timing.decode_seconds)
 
 
 def summary(generations, reference) -> dict:
@@ -70,7 +54,8 @@ def arithmetic_part(args) -> dict:
 
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.evaluation.arithmetic import STUDY, study_splits
-    from sbd_jax.evaluation.measure import chat_prompt, forward_cost_ratio
+    from sbd_jax.evaluation.measure import chat_prompt
+    from sbd_jax.timing import forward_cost_ratio
 
     loaded = load_model(args.model)
     model = loaded._replace(params=jax.device_put(loaded.params))

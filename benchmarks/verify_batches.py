@@ -21,7 +21,11 @@ one run on this machine:
 
 Models: the shipped small-scale SBD model on held-out arithmetic problems (trained drafts), and
 SmolLM2-135M with an untrained mask token (`--smollm2-mask-token-id`; drafts are poor, ~1 token per
-forward: the timing floor). Writes benchmarks/results/verify_batches_<platform>.json.
+forward: the timing floor), or an SBD fine-tune of it (`--smollm2 DIR`, its own mask token). Writes
+benchmarks/results/verify_batches_<platform>.json (`--out` for another file).
+
+    python -m benchmarks.verify_batches --skip-arithmetic --smollm2 runs/cpu/train/hf --batches 1 8 \
+        --out benchmarks/results/verify_batches_smollm2_realtext_cpu.json   # the real-text fine-tune
 """
 
 from __future__ import annotations
@@ -30,19 +34,10 @@ import argparse
 import os
 import sys
 
-from benchmarks.verify import decoder_for, run
+from benchmarks.verify import run
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cache_capacity(model, prompts, block_size, max_new_tokens, longest) -> int:
-    """The cache slots `generate` gives the decoder of `block_size` (1: NTP) for these prompts."""
-    from sbd_jax.sampler import pad_prompts
-
-    setting = {"mode": "ntp"} if block_size == 1 else {"mode": "verified", "block_size": block_size}
-    decoder = decoder_for(model, setting, max_new_tokens)
-    return pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, None, model.config, pad_to=longest)[2]
 
 
 def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables):
@@ -60,21 +55,18 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
     """Tokens per forward at each block on the `calibration` prompts (what the block-size rule reads), and
     one row per (batch, decoder) on the first `min_prompts` of `prompts` (rounded up to whole batches);
     see the module docstring for the columns."""
-    from sbd_jax.block_choice import choose_block_size
-    from sbd_jax.evaluation.measure import forward_seconds
+    from sbd_jax.block_choice import bare_forward_seconds, cache_slots, choose_block_size, verified_tokens_per_forward
     from sbd_jax.roofline import HARDWARE, slowdown
-    from sbd_jax.sampler import Executables, tokens_per_pass
+    from sbd_jax.sampler import Executables
 
     longest = max(map(len, prompts + calibration))
     context = longest + max_new_tokens // 2  # cached tokens in the middle of a decode
-    calibrated = {k: tokens_per_pass(decode_all(model, calibration, k, max_new_tokens, len(calibration), longest,
-                                                Executables(capacity=2))[0]) for k in blocks}
+    calibrated = verified_tokens_per_forward(model, calibration, blocks, max_new_tokens, batch=len(calibration))
+    slots = {k: cache_slots(model.config, prompts, k, max_new_tokens, longest) for k in (1, *blocks)}
     rows = []
     for batch in batches:
         n_prompts = min(-(-min_prompts // batch) * batch, len(prompts) // batch * batch)
-        pass_tokens = {k: 1 if k == 1 else 2 * k for k in (1, *blocks)}  # a row's tokens in one forward
-        slots = {k: cache_capacity(model, prompts, k, max_new_tokens, longest) for k in pass_tokens}
-        bare = {n: forward_seconds(model, batch, n, context, calls, capacity=slots[k]) for k, n in pass_tokens.items()}
+        bare = bare_forward_seconds(model, prompts, blocks, batch, max_new_tokens, calls, pad_to=longest)
         group = []
         for k in (1, *blocks):
             executables = Executables(capacity=2)  # this row's prefill and decode, compiled once
@@ -86,16 +78,16 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
             group.append({"batch": batch, "block_size": k, "mode": "ntp" if k == 1 else "verified",
                           "prompts": n_prompts, "tokens": tokens, "tokens_per_second": tokens / seconds,
                           "tokens_per_forward": tokens / nfe, "seconds_per_pass": seconds / iterations,
-                          "bare_forward_seconds": bare[n], "cache_slots": slots[k],
-                          "pass_overhead": seconds / iterations / bare[n],
-                          "ideal_speedup": tokens / nfe * bare[1] / bare[n],
+                          "bare_forward_seconds": bare[k], "cache_slots": slots[k],
+                          "pass_overhead": seconds / iterations / bare[k],
+                          "ideal_speedup": tokens / nfe * bare[1] / bare[k],
                           "h100_roofline_speedup": tokens / nfe / slowdown(HARDWARE["h100-bf16"], shape, batch, n,
                                                                            context)})
         ntp = group[0]
         for row in group:
             row["speedup"] = row["tokens_per_second"] / ntp["tokens_per_second"]
             row["efficiency"] = row["speedup"] / row["ideal_speedup"]
-        chosen = choose_block_size(calibrated, {k: bare[2 * k] for k in blocks}, bare[1])
+        chosen = choose_block_size(calibrated, {k: bare[k] for k in blocks}, bare[1])
         best = max(group, key=lambda r: r["tokens_per_second"])
         for row in group:
             row["rule_choice"] = row["block_size"] == chosen
@@ -136,16 +128,20 @@ def smollm2_part(args) -> dict:
     from sbd_jax.roofline import MODELS
     from sbd_jax.tokenizer import encode_prompt
 
-    loaded = load_model("smollm2-135m")
+    loaded = load_model(args.smollm2)
+    mask_token_id = (args.smollm2_mask_token_id if args.smollm2_mask_token_id is not None
+                     else loaded.config.mask_token_id if loaded.config.mask_token_id is not None else 0)
     model = loaded._replace(params=jax.device_put(loaded.params),
-                            config=loaded.config.replace(mask_token_id=args.smollm2_mask_token_id))
+                            config=loaded.config.replace(mask_token_id=mask_token_id))
     encoded = [encode_prompt(loaded.tokenizer, p, chat=True) for p in PROMPTS]
     prompts = [encoded[i % len(encoded)] for i in range(max(max(args.batches), args.smollm2_prompts))]
     measured = measure(model, MODELS["smollm2-135m"], prompts, encoded, args.blocks, args.batches,
                        args.smollm2_new_tokens, args.smollm2_repeats, args.calls, args.smollm2_prompts)
-    return {"model": "smollm2-135m", "mask_token_id": args.smollm2_mask_token_id,
+    trained = loaded.config.mask_token_id is not None and args.smollm2_mask_token_id is None
+    return {"model": args.smollm2, "mask_token_id": mask_token_id,
             "prompts": f"benchmarks.decode.PROMPTS, cycled to {len(prompts)}",
-            "calibration": "the same 8 prompts (an untrained mask token: ~1 token per forward at every k)",
+            "calibration": "the same 8 prompts" + ("" if trained else
+                                                   " (an untrained mask token: ~1 token per forward at every k)"),
             "max_new_tokens": args.smollm2_new_tokens, **measured}
 
 
@@ -158,8 +154,12 @@ def main() -> None:
                         help="arithmetic prompts per (batch, decoder), at least a batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row (the median is kept)")
     parser.add_argument("--calls", type=int, default=20, help="timed calls of each bare forward (median)")
+    parser.add_argument("--skip-arithmetic", action="store_true")
     parser.add_argument("--skip-smollm2", action="store_true")
-    parser.add_argument("--smollm2-mask-token-id", type=int, default=0)
+    parser.add_argument("--smollm2", default="smollm2-135m",
+                        help="the SmolLM2 part's model: the base (timing floor) or an SBD fine-tune's HF directory")
+    parser.add_argument("--smollm2-mask-token-id", type=int, default=None,
+                        help="default: the model's own mask token (a fine-tune's), else 0 (untrained: the floor)")
     parser.add_argument("--smollm2-new-tokens", type=int, default=48)
     parser.add_argument("--smollm2-prompts", type=int, default=8, help="SmolLM2 prompts per row (at least a batch)")
     parser.add_argument("--smollm2-repeats", type=int, default=1, help="SmolLM2 timed runs per row")
@@ -168,7 +168,9 @@ def main() -> None:
 
     import jax
 
-    result = {"device": str(jax.devices()[0]), "arithmetic": arithmetic_part(args)}
+    result = {"device": str(jax.devices()[0])}
+    if not args.skip_arithmetic:
+        result["arithmetic"] = arithmetic_part(args)
     if not args.skip_smollm2:
         result["smollm2"] = smollm2_part(args)
     out = args.out or os.path.join(ROOT, "benchmarks", "results", f"verify_batches_{jax.devices()[0].platform}.json")

@@ -6,6 +6,7 @@
     (out,) = model.generate(["What is 2+2?"], chat=True, max_new_tokens=64)  # NTP
     outs = model.generate(prompts, mode="sbd", block_size=8, verify=True, max_new_tokens=64)
     outs[0].text, outs[0].token_ids, outs[0].nfe
+    choice = model.choose_block_size(prompts, batch=8)  # verified SBD's fastest k here (1: NTP)
 
 `sample.py` is a command line over this module.
 """
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 
 import jax
 
+from sbd_jax.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
 from sbd_jax.decoders import (DEFAULT_GAMMA, Decoder, NTPDecoder, check_block_size, check_decoding_options,
                               check_gamma, check_proxy)
 from sbd_jax.errors import UserError
@@ -110,6 +112,15 @@ class SBDModel:
                                                  max_cache_len=max_cache_len, gamma=settings.entropy_budget,
                                                  executables=self.executables)
         return [g._replace(text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
+
+    def choose_block_size(self, prompts: str | Sequence[str], batch: int, *, chat: bool = False,
+                          block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 64) -> BlockChoice:
+        """The block size at which verified SBD decodes fastest at `batch` rows on this machine (1: NTP),
+        by the rule of `sbd_jax.block_choice`: tokens per forward measured by greedy verified decoding of
+        `prompts` (a few like those to be served), bare forwards timed here. Its `describe()` says what
+        it measured."""
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes, max_new_tokens)
 
 
 def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None) -> SBDModel:

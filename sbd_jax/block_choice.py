@@ -11,9 +11,12 @@ best k shrinks as the batch grows and NTP wins at some batch.
 
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+from typing import Any, Mapping, Sequence
 
 from sbd_jax.errors import UserError
+
+BLOCK_SIZES = (4, 8, 16)  # the candidates `measure_block_choice` tries by default
 
 
 def predicted_speedup(tokens_per_forward: float, pass_seconds: float, ntp_step_seconds: float) -> float:
@@ -32,3 +35,79 @@ def choose_block_size(tokens_per_forward: Mapping[int, float], pass_seconds: Map
     best = max(tokens_per_forward, key=lambda k: predicted_speedup(tokens_per_forward[k], pass_seconds[k],
                                                                     ntp_step_seconds))
     return best if predicted_speedup(tokens_per_forward[best], pass_seconds[best], ntp_step_seconds) > 1 else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockChoice:
+    """The rule's answer and the measurements it read (print them: a user can pin the block size)."""
+
+    block_size: int  # 1: NTP (no block size is predicted to beat it)
+    tokens_per_forward: dict[int, float]  # verified SBD at each candidate k, on the calibration prompts
+    bare_seconds: dict[int, float]  # a bare forward at the batch: key 1 = one token a row, k = 2k tokens a row
+
+    @property
+    def predicted_speedups(self) -> dict[int, float]:
+        return {k: predicted_speedup(t, self.bare_seconds[k], self.bare_seconds[1])
+                for k, t in self.tokens_per_forward.items()}
+
+    def describe(self) -> str:
+        picked = "NTP" if self.block_size == 1 else f"block size {self.block_size}"
+        return f"picked {picked}; " + ", ".join(
+            f"k={k}: {self.tokens_per_forward[k]:.2f} tokens/forward, predicted {s:.2f}x NTP"
+            for k, s in self.predicted_speedups.items())
+
+
+def decoder_for(config: Any, block_size: int, max_new_tokens: int) -> Any:
+    """Greedy NTP (`block_size` 1) or verified SBD at `block_size`, stopping at the model's EOS ids."""
+    from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.verified_decoder import VerifiedSBDDecoder
+
+    common = dict(max_new_tokens=max_new_tokens, eos_ids=config.eos_token_ids)
+    if block_size == 1:
+        return NTPDecoder(config, **common)
+    return VerifiedSBDDecoder(config, block_size=block_size, **common)
+
+
+def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, max_new_tokens: int,
+                pad_to: int = 0) -> int:
+    """The KV-cache slots `generate` gives NTP (`block_size` 1) or verified SBD for these prompts."""
+    from sbd_jax.sampler import pad_prompts
+
+    decoder = decoder_for(config, block_size, max_new_tokens)
+    return pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, None, config, pad_to=pad_to)[2]
+
+
+def bare_forward_seconds(model: Any, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], batch: int,
+                         max_new_tokens: int, calls: int = 10, pad_to: int = 0) -> dict[int, float]:
+    """Seconds of one bare forward at `batch` rows, in the middle of decoding these prompts, in the cache
+    the decoder would get: key 1 for NTP's one token a row, key k for verified SBD's 2k tokens a row."""
+    from sbd_jax.timing import forward_seconds
+
+    context = max(pad_to, *map(len, prompts)) + max_new_tokens // 2
+    return {k: forward_seconds(model, batch, 1 if k == 1 else 2 * k, context, calls,
+                               capacity=cache_slots(model.config, prompts, k, max_new_tokens, pad_to))
+            for k in (1, *block_sizes)}
+
+
+def verified_tokens_per_forward(model: Any, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int],
+                                max_new_tokens: int, batch: int = 8) -> dict[int, float]:
+    """Greedy verified SBD's tokens per forward at each block size on these prompts (its output is NTP's
+    at every k; only the forwards it takes differ)."""
+    from sbd_jax.sampler import generate_batched, tokens_per_pass
+
+    return {k: tokens_per_pass(generate_batched(decoder_for(model.config, k, max_new_tokens), model.params,
+                                                prompts, batch)[0]) for k in block_sizes}
+
+
+def measure_block_choice(model: Any, prompts: Sequence[Sequence[int]], batch: int,
+                         block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 64,
+                         calls: int = 10) -> BlockChoice:
+    """Calibrates and applies the rule for verified SBD at `batch` rows: tokens per forward measured on
+    `prompts` (a few like those to be served), bare forwards timed on this machine. `model` has `.config`
+    (with a mask token) and `.params`. Costs a greedy decode per candidate and a few hundred forwards."""
+    if not block_sizes or min(block_sizes) < 2:
+        raise UserError(f"block sizes to choose from must be >= 2 (got {list(block_sizes)})")
+    measured = verified_tokens_per_forward(model, prompts, block_sizes, max_new_tokens)
+    bare = bare_forward_seconds(model, prompts, block_sizes, batch, max_new_tokens, calls)
+    chosen = choose_block_size(measured, {k: bare[k] for k in block_sizes}, bare[1])
+    return BlockChoice(chosen, measured, bare)

@@ -118,7 +118,7 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     every call, or each call compiles afresh). `gamma` is SBD's entropy budget per pass (traced: a new
     value never recompiles); the other decoders ignore it."""
     knobs = Knobs.create(gamma)
-    executables = executables or Executables(capacity=2)
+    executables = Executables(capacity=2) if executables is None else executables  # an empty one is falsy
     tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, max_cache_len,
                                             decoder.config, decoder.output_label, pad_to)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
@@ -149,3 +149,22 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
                                   reveal_pass=out.reveal_pass[b, :n].tolist(), corrected=out.corrected[b, :n].tolist(),
                                   drafted=int(out.drafted[b]), accepted=int(out.accepted[b])))
     return results, BatchTiming(compile_seconds, prefill_seconds, decode_seconds)
+
+
+def generate_batched(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], batch: int, seed: int = 0,
+                     pad_to: int = 0, gamma: float = DEFAULT_GAMMA, executables: Executables | None = None
+                     ) -> tuple[list[Generation], BatchTiming]:
+    """Decodes a dataset `batch` prompts at a time, every batch padded to the longest prompt (at least
+    `pad_to`) so that all reuse one compiled shape; the timings are the batches' sums (batch i draws
+    with seed + i)."""
+    if batch < 1 or not prompts:
+        raise UserError(f"give at least one prompt and batch >= 1 (got {len(prompts)} prompts, batch={batch})")
+    executables = Executables(capacity=2) if executables is None else executables  # an empty one is falsy
+    longest = max(pad_to, *map(len, prompts))
+    generations, timings = [], []
+    for i, start in enumerate(range(0, len(prompts), batch)):
+        results, timing = generate(decoder, params, prompts[start: start + batch], seed=seed + i, pad_to=longest,
+                                   gamma=gamma, executables=executables)
+        generations += results
+        timings.append(timing)
+    return generations, BatchTiming(*(sum(column) for column in zip(*timings)))

@@ -2,11 +2,13 @@
 
 import os
 
+import jax
 import pytest
 
 import sbd_jax
-from sbd_jax.api import Settings
+from sbd_jax.api import SBDModel, Settings
 from sbd_jax.errors import UserError
+from sbd_jax.sampler import tokens_per_pass
 from sbd_jax.sbd_decoder import SBDDecoder
 from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
@@ -32,6 +34,7 @@ def test_compiled_decoders_are_reused_and_bounded(model):
     settings = Settings(mode="sbd", block_size=4, gamma=0.5, max_new_tokens=16)
     model.generate(PROMPTS[0], settings)  # a string: a batch of one
     held = len(model.executables)
+    assert held >= 2  # this shape's prefill and decode, kept
     (out,) = model.generate(PROMPTS[1], settings)
     assert len(model.executables) == held and model.last_timing.compile_seconds < 0.05
     assert out.token_ids and out.text == model.tokenizer.decode(out.token_ids, skip_special_tokens=True)
@@ -60,3 +63,21 @@ def test_bad_settings_are_refused_before_any_model_is_loaded(options, message):
 def test_settings_and_keywords_together_are_refused(model):
     with pytest.raises(UserError, match="give settings or keyword options, not both"):
         model.generate("x", Settings(), max_new_tokens=4)
+
+
+def test_choose_block_size_measures_the_drafts_and_picks_a_block_or_ntp(model):
+    choice = model.choose_block_size(PROMPTS, batch=1, chat=True, block_sizes=(4, 8), max_new_tokens=72)
+    for k in (4, 8):
+        verified = model.generate(PROMPTS, chat=True, max_new_tokens=72, mode="sbd", block_size=k, verify=True)
+        assert choice.tokens_per_forward[k] == pytest.approx(tokens_per_pass(verified))
+    assert set(choice.bare_seconds) == {1, 4, 8} and min(choice.bare_seconds.values()) > 0
+    # trained drafts (> 3 tokens per forward) beat one token per step at batch 1 by far
+    assert choice.block_size in (4, 8) and choice.describe().startswith(f"picked block size {choice.block_size}")
+    # the same architecture with random weights: drafts are never right, so NTP
+    leaves, tree = jax.tree.flatten(model.params)
+    keys = jax.random.split(jax.random.key(0), len(leaves))
+    noise = jax.tree.unflatten(tree, [0.02 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)])
+    untrained = SBDModel(model.config, noise, model.tokenizer)
+    assert untrained.choose_block_size(PROMPTS, batch=1, chat=True, block_sizes=(4,), max_new_tokens=16).block_size == 1
+    with pytest.raises(UserError, match="block sizes to choose from must be >= 2"):
+        model.choose_block_size(PROMPTS, batch=1, block_sizes=(1, 4))

@@ -96,7 +96,7 @@ def test_bare_forward_refuses_a_cache_too_small_for_its_tokens():
     from types import SimpleNamespace
 
     from sbd_jax.errors import UserError
-    from sbd_jax.evaluation.measure import forward_seconds
+    from sbd_jax.timing import forward_seconds
     from sbd_jax.model import init_params
     from tests.test_decoding import CFG
 

@@ -76,6 +76,7 @@ def test_sample_json_on_smollm2_and_too_long_prompt():
     (["--proxy", "vibes"], "unknown proxy 'vibes'"),
     (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
     (["--verify", "--gamma", "0.5"], "gamma (--gamma) has no effect with verify (--verify)"),
+    (["--block-size", "auto"], "--block-size auto picks the fastest block for verified SBD"),
 ])
 def test_sample_bad_sbd_options(flags, message):
     assert_one_line_error(run("sample.py", "--prompt", "hi", "--mode", "sbd", *flags), message)
@@ -109,7 +110,8 @@ def test_verify_needs_sbd_mode():
 
 
 def test_sample_verify_prints_exactly_the_ntp_text_of_the_shipped_model():
-    """The shipped small-scale SBD model: verified SBD writes NTP's text, in fewer passes."""
+    """The shipped small-scale SBD model: verified SBD writes NTP's text, in fewer passes, at a fixed block
+    size and at the one `--block-size auto` measures."""
     model = os.path.join("experiments", "small_scale", "models", "sbd_arith")
     common = ["sample.py", "--model", model, "--chat", "--prompt", "c5b7a2+b8a6", "--prompt", "d1c0b9a9+a1",
               "--max-new-tokens", "72", "--json"]
@@ -125,3 +127,12 @@ def test_sample_verify_prints_exactly_the_ntp_text_of_the_shipped_model():
     assert shown.returncode == 0 and "\x1b[" in shown.stdout and "mean" in shown.stdout
     passes = run(*common[:-1], "--mode", "sbd", "--gamma", "0.5", "--show-passes")  # EB: tokens coloured by pass
     assert passes.returncode == 0 and "\x1b[3" in passes.stdout and "mean" in passes.stdout
+    auto = run(*common, "--mode", "sbd", "--verify", "--block-size", "auto")  # calibrated here, then decoded
+    assert auto.returncode == 0, auto.stderr
+    picked = int(auto.stderr.split("picked block size ")[1].split(";")[0])  # trained drafts: a block, not NTP
+    rows = [json.loads(line) for line in auto.stdout.strip().splitlines()]
+    assert [r["token_ids"] for r in rows] == [r["token_ids"] for r in ntp]
+    assert all(r["block_size"] == picked and r["verify"] and r["nfe"] < r["new_tokens"] for r in rows)
+    bad = run("sample.py", "--prompt", "hi", "--mode", "sbd", "--verify", "--block-size", "big")
+    assert bad.returncode == 2 and "expected a whole number or 'auto', got 'big'" in bad.stderr
+

@@ -11,7 +11,7 @@ from sbd_jax.decoders import NTPDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.kv_cache import append, init_cache
 from sbd_jax.model import Transformer, init_params
-from sbd_jax.sampler import generate
+from sbd_jax.sampler import Executables, generate, generate_batched
 from sbd_jax.token_choice import choose_tokens
 
 CFG = ModelConfig(model_type="qwen2", vocab_size=101, hidden_size=64, intermediate_size=128, num_layers=2,
@@ -105,6 +105,17 @@ def test_batch_of_mixed_lengths_equals_each_prompt_alone(params):
     for prompt, result in zip(PROMPTS, batch):
         (alone,), _ = generate(decoder, params, [prompt])
         assert result.token_ids == alone.token_ids
+
+
+def test_a_dataset_in_batches_equals_one_batch_and_compiles_one_shape(params):
+    decoder, prompts = NTPDecoder(CFG, max_new_tokens=8), [*PROMPTS, [8, 8]]
+    whole, _ = generate(decoder, params, prompts)
+    executables = Executables(capacity=4)
+    batched, timing = generate_batched(decoder, params, prompts, batch=2, executables=executables)
+    assert [g.token_ids for g in batched] == [g.token_ids for g in whole]
+    assert len(executables) == 2 and timing.decode_seconds > 0  # one prefill and one decode: every batch padded alike
+    with pytest.raises(UserError, match="at least one prompt and batch >= 1"):
+        generate_batched(decoder, params, PROMPTS, batch=0)
 
 
 def test_eos_stops_only_its_row(params):

@@ -96,9 +96,11 @@ class FakeEvaluations:
 
 def test_evaluation_reports_ntp_and_verified_rows_before_the_validation_grid(monkeypatch):
     monkeypatch.setattr(recipe_eval, "humaneval_scores", lambda entry, tokenizer, problems: [True, False])
-    evaluations, seen = FakeEvaluations(), []
+    evaluations, seen, timed = FakeEvaluations(), [], []
     results = recipe_eval.evaluate(evaluations, [], (4, 8), (0.35, 0.6),
-                                   lambda partial: seen.append((len(partial["rows"]), len(partial["validation"]))))
+                                   lambda partial: seen.append((len(partial["rows"]), len(partial["validation"]))),
+                                   after_grid=lambda partial: timed.append(
+                                       (len(partial["rows"]), len(partial["validation"]), partial["chosen_gamma"])))
     labels = [(r["model"], r["mode"], r["block_size"]) for r in results["rows"]]
     assert labels[:4] == [("base", "ntp", 1), ("tuned", "ntp", 1), ("tuned", "sbd_verified", 4),
                           ("tuned", "sbd_verified", 8)]
@@ -106,6 +108,7 @@ def test_evaluation_reports_ntp_and_verified_rows_before_the_validation_grid(mon
     assert all(a[1] != "sbd" for a in evaluations.asked[:first_valid])  # no plain SBD before its γ is chosen
     assert seen[:5] == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)] and seen[-1] == (len(results["rows"]), 4)
     assert results["chosen_gamma"] == {4: 0.35, 8: 0.35}  # γ 0.6 agrees on 0% of validation prompts
+    assert timed == [(4, 4, {4: 0.35, 8: 0.35})]  # the wall clock: once γ is chosen, before the plain SBD rows
     assert [r["gamma"] for r in results["rows"][4:]] == [0.35, 0.6, 0.35, 0.6]
     assert results["rows"][4]["chosen_on_validation"] and not results["rows"][5]["chosen_on_validation"]
     partial = {"rows": results["rows"][:3], "validation": [], "chosen_gamma": {}, "complete": False, "seconds": 600,

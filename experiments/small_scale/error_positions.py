@@ -62,21 +62,16 @@ def main() -> None:
     from sbd_jax.evaluation.arithmetic import STUDY, study_splits
     from sbd_jax.evaluation.measure import chat_prompt
     from sbd_jax.evaluation.results import write_json
-    from sbd_jax.sampler import Executables, generate
+    from sbd_jax.sampler import generate_batched
     from sbd_jax.sbd_decoder import SBDDecoder
 
     model = load_model(args.model)
     test = study_splits().test
     prompts = [chat_prompt(model.tokenizer, p.question) for p in test]
-    longest = max(map(len, prompts))
     common = dict(max_new_tokens=STUDY["max_new_tokens"], eos_ids=model.config.eos_token_ids)
 
     def decode(decoder, **knobs):
-        out, executables = [], Executables()
-        for start in range(0, len(prompts), args.batch):
-            out += generate(decoder, model.params, prompts[start: start + args.batch], pad_to=longest,
-                            executables=executables, **knobs)[0]
-        return out
+        return generate_batched(decoder, model.params, prompts, args.batch, **knobs)[0]
 
     ntp = decode(NTPDecoder(model.config, **common))
     rows = []

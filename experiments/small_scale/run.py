@@ -104,6 +104,7 @@ def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) ->
     all in this one run, with time(k)/time(1) of this model's forward beside it."""
     from experiments.small_scale.report import chosen_on_validation
     from sbd_jax.evaluation import measure as ev
+    from sbd_jax.timing import forward_cost_ratio
 
     problems = corpus.test_problems[: sizes["speed_problems"]]
     chosen = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
@@ -116,7 +117,7 @@ def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) ->
         for setting in chosen:
             rate, with_prefill = ev.tokens_per_second(model, setting, problems, sizes["max_new_tokens"], batch,
                                                       sizes["speed_repeats"])
-            cost = ev.forward_cost_ratio(model, setting["block_size"]) if setting["mode"] == "sbd" else 1.0
+            cost = forward_cost_ratio(model, setting["block_size"]) if setting["mode"] == "sbd" else 1.0
             out.append({"model": name, **setting, "split": "speed", "n": len(problems), "batch": batch,
                         "tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill,
                         "forward_cost_ratio": cost})

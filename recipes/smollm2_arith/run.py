@@ -170,7 +170,8 @@ def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
 def speed(model, entries: list[dict], sizes: dict, test: list) -> list[dict]:
     """Decoding tokens/s of stage 2 at batch 1 and 8: NTP, SBD at each block's chosen γ and verified
     SBD, in this one run; time(k)/time(1) of one forward on this CPU and on an H100 (roofline)."""
-    from sbd_jax.evaluation.measure import forward_cost_ratio, tokens_per_second
+    from sbd_jax.evaluation.measure import tokens_per_second
+    from sbd_jax.timing import forward_cost_ratio
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")

@@ -84,10 +84,7 @@ class Evaluations:
         def compute() -> dict:
             trained = self.models[model]
             ids = [chat(trained.tokenizer, p.question) for p in prompts]
-            longest = max(map(len, ids))  # one compiled prompt shape for every batch
-            results = [r for start in range(0, len(ids), self.batch_size)
-                       for r in decode(trained, setting, ids[start: start + self.batch_size], self.max_new_tokens,
-                                       longest)[0]]
+            results = decode(trained, setting, ids, self.max_new_tokens, self.batch_size)[0]
             return {"model": model, "weights": self.fingerprints[model], **setting, "split": split, "n": len(prompts),
                     "outputs": [r.token_ids for r in results], "nfe": [r.nfe for r in results],
                     "drafted": sum(r.drafted for r in results), "accepted": sum(r.accepted for r in results)}
@@ -131,10 +128,12 @@ def humaneval_scores(entry: dict, tokenizer: Any, problems: list[dict]) -> list[
 
 
 def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequence[int],
-             validation_gammas: Sequence[float], progress: Callable[[dict], None] | None = None) -> dict:
+             validation_gammas: Sequence[float], progress: Callable[[dict], None] | None = None,
+             after_grid: Callable[[dict], None] | None = None) -> dict:
     """Every row on the test prompts and on HumanEval; plain SBD's γ per block from the validation grid.
 
     Rows that need no γ (NTP, verified SBD) come first, so the headline is measured before the grid;
+    `after_grid(results so far)` runs once γ is chosen, before the plain SBD rows (the longest part);
     `progress(results so far)` is called after every row and grid entry (a long run reports as it goes).
     """
     ntp = ntp_setting()
@@ -170,6 +169,8 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
             if progress:
                 progress(results)
     chosen = results["chosen_gamma"] = {k: choose_gamma(results["validation"], k) for k in block_sizes}
+    if after_grid:
+        after_grid(results)
     for k in block_sizes:
         for g in sorted({*PAPER_GAMMAS, *([chosen[k]] if chosen[k] is not None else [])}):
             add_row("tuned", sbd_setting(k, g), chosen=g == chosen[k])
@@ -184,15 +185,18 @@ def heldout_loss(models: dict, files: Sequence[str], seq_len: int, rows: int) ->
 
 
 def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) -> list[dict]:
-    """Decoding tokens/s at batch 1 and 8 in this one run: NTP, plain SBD at each block's chosen γ, and
-    verified SBD; beside it time(k)/time(1) of one forward here and on an H100 (roofline)."""
-    from sbd_jax.evaluation.measure import forward_cost_ratio, tokens_per_second
+    """Decoding tokens/s at batch 1 and 8 in this one run: NTP, plain SBD at each block's chosen γ (the
+    paper's first chat γ where validation chose none, marked so), and verified SBD; beside it
+    time(k)/time(1) of one forward here and on an H100 (roofline)."""
+    from sbd_jax.evaluation.measure import tokens_per_second
+    from sbd_jax.timing import forward_cost_ratio
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
     settings = [ntp_setting()]
     for k, gamma in chosen.items():
-        settings += [sbd_setting(k, gamma)] if gamma is not None else []
+        settings.append({**sbd_setting(k, PAPER_GAMMAS[0] if gamma is None else gamma),
+                         "chosen_on_validation": gamma is not None})
         settings.append(sbd_setting(k, VERIFY_GAMMA, verify=True))
     context = 256  # a chat prompt and the first part of its answer
     out = []
@@ -267,12 +271,22 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
     control = {"ntp_control": load("ntp_control", args.ntp_control, True, dtype)} if args.ntp_control else {}
     loss = heldout_loss({**models, **control}, heldout_source_files(), 512, args.loss_rows)
     del control
+
+    def wall_clock(partial: dict) -> None:
+        """Needs only the chosen γ: measured (once; a resumed run reuses it) before the plain SBD rows."""
+        from sbd_jax.evaluation.results import commit
+
+        key = (f"speed@{evaluations.fingerprints['tuned']}|{sorted(partial['chosen_gamma'].items())}|"
+               f"{len(splits['test'])}|{args.max_new_tokens}")
+        entry = evaluations.cache.get(key, lambda: {"commit": commit(), "rows": speed(
+            load("tuned", args.tuned, False, dtype), partial["chosen_gamma"], splits["test"], args.max_new_tokens)},
+                                      lambda e: f"wall clock at commit {e['commit']}")
+        partial["speed"], partial["speed_commit"] = entry["rows"], entry["commit"]
+        report({**partial, "heldout_ntp_loss": loss})
+
     results = evaluate(evaluations, tasks, args.block_sizes, args.gammas,
-                       lambda partial: report({**partial, "heldout_ntp_loss": loss}))
+                       lambda partial: report({**partial, "heldout_ntp_loss": loss}), after_grid=wall_clock)
     results["heldout_ntp_loss"] = loss
-    del models, evaluations
-    results["speed"] = speed(load("tuned", args.tuned, False, dtype), results["chosen_gamma"], splits["test"],
-                             args.max_new_tokens)
     results["complete"] = True
     return {**results, **about, "seconds": time.perf_counter() - began}
 

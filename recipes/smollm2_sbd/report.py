@@ -93,11 +93,13 @@ def trend_lines(results: dict) -> list[str]:
 def speed_lines(results: dict) -> list[str]:
     if "speed" not in results["evaluation"]:
         return []
-    lines = ["## Wall clock (fine-tuned model, test prompts, this machine, one run)", "",
+    at = results["evaluation"].get("speed_commit")
+    lines = [f"## Wall clock (fine-tuned model, test prompts, this machine, one run{f' at {at}' if at else ''})", "",
              _row("batch", "decoding", "block", "γ", "tokens/s (decoding)", "vs NTP", "with prefill",
                   "time(k)/time(1) here", "time(k)/time(1) H100 (roofline)"), _row(*["---"] * 9)]
     for s in results["evaluation"]["speed"]:
-        lines.append(_row(s["batch"], s["mode"], s["block_size"], _gamma(s["gamma"]), f"{s['tokens_per_second']:.1f}",
+        gamma = _gamma(s["gamma"]) + (" (paper's; none chosen)" if s.get("chosen_on_validation") is False else "")
+        lines.append(_row(s["batch"], s["mode"], s["block_size"], gamma, f"{s['tokens_per_second']:.1f}",
                           f"{s['vs_ntp']:.2f}×", f"{s['tokens_per_second_with_prefill']:.1f}",
                           f"{s['forward_cost_ratio_cpu']:.2f}", f"{s['forward_cost_ratio_h100_roofline']:.2f}"))
     return lines + [""]
