@@ -45,8 +45,8 @@ def main() -> None:
     from benchmarks import save_result
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.timing import forward_seconds
     from sbd_jax.kv_cache import init_cache
+    from sbd_jax.timing import forward_seconds
     from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
     loaded = load_model(args.model)

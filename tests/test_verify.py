@@ -215,3 +215,21 @@ def test_the_block_size_rule_picks_the_best_predicted_speedup_or_ntp():
     assert choose_block_size({4: 1.0, 8: 1.1}, {4: 1.5, 8: 3.0}, 1.0) == 1
     with pytest.raises(UserError, match="same block sizes"):
         choose_block_size({4: 2.0}, {8: 1.0}, 1.0)
+
+
+def test_recorded_settings_decode_with_the_decoder_they_name():
+    """The setting dicts results record (mode labels of the recipes and the study) build the right decoder."""
+    from sbd_jax.evaluation.measure import Trained, decode
+
+    cfg, params, prompts = trained_arithmetic_model()
+    model = Trained("sbd_arith", cfg, params, None)
+    ntp, _ = decode(model, dict(mode="ntp", block_size=1, gamma=None, proxy=None), prompts, 40)
+    for mode in ("sbd_verified", "verified"):  # verified SBD: NTP's output in fewer forwards
+        out, _ = decode(model, dict(mode=mode, block_size=8, gamma=1e9, proxy="entropy", verify=True), prompts, 40, 3)
+        assert [g.token_ids for g in out] == [g.token_ids for g in ntp] and sum(g.drafted for g in out) > 0
+        assert sum(g.nfe for g in out) < sum(g.nfe for g in ntp)
+    order, _ = decode(model, dict(mode="sbd_left_to_right", block_size=8, gamma=0.0, proxy="left_to_right"),
+                      prompts, 40)
+    assert all(g.reveal_pass == list(range(1, len(g.token_ids) + 1)) for g in order)  # one token a pass, in order
+    plain, _ = decode(model, dict(mode="sbd", block_size=8, gamma=1.0, proxy="entropy"), prompts, 40)
+    assert sum(g.nfe for g in plain) < sum(len(g.token_ids) for g in plain) and not any(g.drafted for g in plain)
