@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from sbd_jax.errors import UserError
 from sbd_jax.evaluation.arithmetic import (
     final_result,
     problems,
@@ -115,3 +116,19 @@ def test_first_difference_names_where_sbd_departs_from_ntp():
     assert first_difference(ntp, [5, 6, 7, 3], [1, 1, 1, 1], 4)["first_pass"]
     assert first_difference(ntp, ntp[:3], [1, 1, 1], 4) == {"kind": "stopped early"}
     assert first_difference(ntp[:3], ntp, [1] * 6, 4) == {"kind": "went on"}
+
+
+def test_a_longer_study_extends_the_presets_budgets_only_where_the_trunk_can_branch():
+    from experiments.small_scale.config import FULL
+    from experiments.small_scale.run import model_plan, study_sizes
+
+    sizes = study_sizes(False, [6000, 600, 1200, 2400], 2400)
+    assert sizes["budgets"] == (600, 1200, 2400, 6000) and sizes["scratch_steps"] == 2400
+    assert FULL["budgets"] == (600, 1200, 2400)  # the preset itself is unchanged
+    plan = model_plan(sizes)
+    assert ("trunk", "trunk", 5400) in plan and ("ft_6000", "ft", 6000) in plan and ("sbd", "sbd", 2400) in plan
+    with pytest.raises(UserError, match="must be a multiple of the smallest one's"):
+        study_sizes(False, [600, 1000])  # 900 is no multiple of 540: the trunk keeps no state to branch from
+    proc = subprocess.run([sys.executable, "-m", "experiments.small_scale.run", "--budgets", "600", "650"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --budgets 600 650") and "Traceback" not in proc.stderr

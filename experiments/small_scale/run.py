@@ -19,15 +19,36 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
+from typing import Sequence
 
 from experiments.small_scale.config import FULL, SMOKE, get_config, stable_steps
 from experiments.small_scale.evaluate import settings
+from sbd_jax.errors import UserError
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
+
+
+def study_sizes(smoke: bool, budgets: Sequence[int] | None = None, scratch_steps: int | None = None) -> dict:
+    """The preset's sizes, with the fine-tuning budgets and the from-scratch steps overridden if given (a
+    longer study in milestones: the trunk of the largest budget extends the one already trained)."""
+    sizes = dict(SMOKE if smoke else FULL)
+    if budgets:
+        first = stable_steps(min(budgets))  # the trunk saves every `first` steps: each budget branches from one
+        if any(stable_steps(b) % first for b in budgets) or len(set(budgets)) != len(budgets):
+            raise UserError(f"--budgets {' '.join(map(str, budgets))}: each budget's branch point (0.9 x budget) "
+                            f"must be a multiple of the smallest one's ({first}), and no budget given twice; "
+                            "e.g. 600 1200 2400 6000")
+        sizes["budgets"] = tuple(sorted(budgets))
+    if scratch_steps is not None:
+        if scratch_steps < 1:
+            raise UserError(f"--scratch-steps {scratch_steps} must be >= 1")
+        sizes["scratch_steps"] = scratch_steps
+    return sizes
 
 
 def model_plan(sizes: dict) -> list[tuple[str, str, int]]:
@@ -145,7 +166,9 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
     headline = headline_name(sizes)
     entries += speed_entries(models[headline], headline, entries, corpus, sizes)
     results = {
-        "command": "python -m experiments.small_scale.run" + (" --smoke" if args.smoke else ""),
+        "command": "python -m experiments.small_scale.run" + (" --smoke" if args.smoke else "")
+                   + (f" --budgets {' '.join(map(str, args.budgets))}" if args.budgets else "")
+                   + (f" --scratch-steps {args.scratch_steps}" if args.scratch_steps is not None else ""),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
                     "device": str(jax.devices()[0])},
@@ -164,20 +187,24 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
     print(f"wrote {results_dir}/results.json, results.md and plots in {results['runtime_seconds']['total']:.0f} s")
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="toy sizes: checks the pipeline in seconds")
     parser.add_argument("--workdir", default="/tmp/sbd_small_scale", help="data, checkpoints (resumable)")
     parser.add_argument("--results", default=None, help="where results.{json,md} and plots go "
                         "(default: this folder; with --smoke, --workdir)")
     parser.add_argument("--train-only", action="store_true", help="train (or resume) every model, then stop")
-    args = parser.parse_args()
+    parser.add_argument("--budgets", type=int, nargs="+", default=None,
+                        help="fine-tuning budgets in steps (default: the preset's); a later, larger set extends the "
+                        "trunk already trained in --workdir")
+    parser.add_argument("--scratch-steps", type=int, default=None, help="steps of the from-scratch SBD models")
+    args = parser.parse_args(argv)
     began = time.perf_counter()
 
     from experiments.small_scale.corpus import build_corpus
     from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
 
-    sizes = SMOKE if args.smoke else FULL
+    sizes = study_sizes(args.smoke, args.budgets, args.scratch_steps)
     results_dir = args.results or (args.workdir if args.smoke else HERE)
     os.makedirs(results_dir, exist_ok=True)
     tokenizer_dir = save_char_tokenizer(os.path.join(args.workdir, "tokenizer"))
@@ -196,4 +223,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from sbd_jax.cli import run_cli
+
+    run_cli(main, sys.argv[1:])
