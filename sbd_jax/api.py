@@ -114,13 +114,15 @@ class SBDModel:
         return [g._replace(text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
 
     def choose_block_size(self, prompts: str | Sequence[str], batch: int, *, chat: bool = False,
-                          block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 64) -> BlockChoice:
-        """The block size at which verified SBD decodes fastest at `batch` rows on this machine (1: NTP),
-        by the rule of `sbd_jax.block_choice`: tokens per forward measured by greedy verified decoding of
-        `prompts` (a few like those to be served), bare forwards timed here. Its `describe()` says what
-        it measured."""
+                          block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
+                          calibration_tokens: int = 64) -> BlockChoice:
+        """The block size at which verified SBD decodes fastest at `batch` rows generating up to
+        `max_new_tokens` on this machine (1: NTP), by the rule of `sbd_jax.block_choice`: tokens per
+        forward measured on the first `calibration_tokens` of greedy verified decoding of `prompts` (a few
+        like those to be served), bare forwards timed here. Its `describe()` says what it measured."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes, max_new_tokens)
+        return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes, max_new_tokens,
+                                    calibration_tokens)
 
 
 def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None) -> SBDModel:

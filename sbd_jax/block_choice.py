@@ -100,14 +100,16 @@ def verified_tokens_per_forward(model: Any, prompts: Sequence[Sequence[int]], bl
 
 
 def measure_block_choice(model: Any, prompts: Sequence[Sequence[int]], batch: int,
-                         block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 64,
-                         calls: int = 10) -> BlockChoice:
-    """Calibrates and applies the rule for verified SBD at `batch` rows: tokens per forward measured on
-    `prompts` (a few like those to be served), bare forwards timed on this machine. `model` has `.config`
-    (with a mask token) and `.params`. Costs a greedy decode per candidate and a few hundred forwards."""
+                         block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
+                         calibration_tokens: int = 64, calls: int = 10) -> BlockChoice:
+    """Calibrates and applies the rule for verified SBD at `batch` rows generating up to `max_new_tokens`:
+    tokens per forward measured on the first `calibration_tokens` of greedy verified decoding of `prompts`
+    (a few like those to be served), bare forwards timed on this machine in the cache such a decode gets.
+    `model` has `.config` (with a mask token) and `.params`. Costs a short greedy decode per candidate and
+    a few hundred forwards."""
     if not block_sizes or min(block_sizes) < 2:
         raise UserError(f"block sizes to choose from must be >= 2 (got {list(block_sizes)})")
-    measured = verified_tokens_per_forward(model, prompts, block_sizes, max_new_tokens)
+    measured = verified_tokens_per_forward(model, prompts, block_sizes, min(max_new_tokens, calibration_tokens))
     bare = bare_forward_seconds(model, prompts, block_sizes, batch, max_new_tokens, calls)
     chosen = choose_block_size(measured, {k: bare[k] for k in block_sizes}, bare[1])
     return BlockChoice(chosen, measured, bare)

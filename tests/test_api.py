@@ -66,7 +66,8 @@ def test_settings_and_keywords_together_are_refused(model):
 
 
 def test_choose_block_size_measures_the_drafts_and_picks_a_block_or_ntp(model):
-    choice = model.choose_block_size(PROMPTS, batch=1, chat=True, block_sizes=(4, 8), max_new_tokens=72)
+    choice = model.choose_block_size(PROMPTS, batch=1, chat=True, block_sizes=(4, 8), max_new_tokens=96,
+                                     calibration_tokens=72)
     for k in (4, 8):
         verified = model.generate(PROMPTS, chat=True, max_new_tokens=72, mode="sbd", block_size=k, verify=True)
         assert choice.tokens_per_forward[k] == pytest.approx(tokens_per_pass(verified))
