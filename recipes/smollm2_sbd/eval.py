@@ -189,8 +189,8 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
     paper's first chat γ where validation chose none, marked so), and verified SBD; beside it
     time(k)/time(1) of one forward here and on an H100 (roofline)."""
     from sbd_jax.evaluation.measure import tokens_per_second
-    from sbd_jax.timing import forward_cost_ratio
     from sbd_jax.roofline import lookup, slowdown
+    from sbd_jax.timing import forward_cost_ratio
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
     settings = [ntp_setting()]
