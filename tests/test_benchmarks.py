@@ -78,6 +78,9 @@ def test_verify_batches_table_is_consistent(tmp_path):
     rows = result["rows"]
     assert [(r["batch"], r["block_size"]) for r in rows] == [(1, 1), (1, 4), (2, 1), (2, 4)]
     assert result["calibration_prompts"] == 32 and result["calibration_tokens_per_forward"]["4"] > 1
+    for batch in (1, 2):  # each rule picks exactly one decoder per batch
+        assert sum(r["rule_choice"] for r in rows if r["batch"] == batch) == 1
+        assert sum(r["loop_rule_choice"] for r in rows if r["batch"] == batch) == 1
     for batch in (1, 2):
         group = [r for r in rows if r["batch"] == batch]
         assert group[0]["speedup"] == 1 and group[0]["tokens_per_forward"] == 1  # NTP: one token a forward
