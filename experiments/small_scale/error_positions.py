@@ -35,10 +35,11 @@ def first_difference(ntp_ids: Sequence[int], sbd_ids: Sequence[int], reveal_pass
     """How SBD's output first departs from NTP's (None if identical): `kind` is "token" (a different
     token), "stopped early" or "went on" (an EOS where the other has none); for a token, its block
     position band, whether the block's first pass revealed it and whether that pass revealed it alone."""
-    if list(ntp_ids) == list(sbd_ids):
+    from sbd_jax.evaluation.scoring import first_difference as first_differing_index
+
+    i = first_differing_index(ntp_ids, sbd_ids)
+    if i is None:
         return None
-    shorter = min(len(ntp_ids), len(sbd_ids))
-    i = next((i for i in range(shorter) if ntp_ids[i] != sbd_ids[i]), shorter)
     if i == len(sbd_ids):
         return {"kind": "stopped early"}
     if i == len(ntp_ids):
