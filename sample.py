@@ -99,6 +99,7 @@ def main(argv: list[str]) -> None:
     if auto and not (args.mode == "sbd" and args.verify):
         raise UserError("--block-size auto picks the fastest block for verified SBD, whose output does not depend "
                         "on it: add --mode sbd --verify, or give plain SBD a number (its block size changes the text)")
+    # with auto, block 16 only passes the checks; the measured choice replaces it after the model loads
     settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
                         verify=args.verify, temperature=args.temperature,

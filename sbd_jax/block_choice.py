@@ -59,13 +59,11 @@ class BlockChoice:
 
 def decoder_for(config: Any, block_size: int, max_new_tokens: int) -> Any:
     """Greedy NTP (`block_size` 1) or verified SBD at `block_size`, stopping at the model's EOS ids."""
-    from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
+    from sbd_jax.api import Settings  # imported here: the API imports this module
 
-    common = dict(max_new_tokens=max_new_tokens, eos_ids=config.eos_token_ids)
-    if block_size == 1:
-        return NTPDecoder(config, **common)
-    return VerifiedSBDDecoder(config, block_size=block_size, **common)
+    settings = (Settings(max_new_tokens=max_new_tokens) if block_size == 1
+                else Settings(mode="sbd", block_size=block_size, verify=True, max_new_tokens=max_new_tokens))
+    return settings.decoder(config)
 
 
 def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, max_new_tokens: int,
