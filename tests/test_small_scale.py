@@ -98,8 +98,8 @@ def test_smoke_run_writes_every_result(tmp_path):
     assert steps == {"ntp": 6, "ft_10": 10, "ft_20": 20, "sbd": 4, "sbd_no_ntp": 4}
     assert 0.0 <= results["padding_fraction"]["arithmetic"] < 0.5
     report = (tmp_path / "results.md").read_text()
-    assert "## Headline" in report and results["command"] in report
-    for plot in ("accuracy_vs_passes.png", "loss_curves.png", "gamma0_diagnostic.png"):
+    assert "## Headline" in report and results["command"] in report and "across fine-tuning budgets" in report
+    for plot in ("accuracy_vs_passes.png", "loss_curves.png", "gamma0_diagnostic.png", "budget_trend.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -116,6 +116,17 @@ def test_first_difference_names_where_sbd_departs_from_ntp():
     assert first_difference(ntp, [5, 6, 7, 3], [1, 1, 1, 1], 4)["first_pass"]
     assert first_difference(ntp, ntp[:3], [1, 1, 1], 4) == {"kind": "stopped early"}
     assert first_difference(ntp[:3], ntp, [1] * 6, 4) == {"kind": "went on"}
+
+
+def test_the_budget_trend_extrapolates_a_power_law_and_refuses_a_flat_one():
+    from experiments.small_scale.report import implied_steps
+
+    # gap = 0.64 (steps / 600)^-1: 0.01 is 64x below 0.64, so 64 x 600 steps.
+    assert implied_steps([600, 1200, 2400], [0.64, 0.32, 0.16]) == pytest.approx(38_400)
+    # gap = 0.5 (steps / 600)^-0.5: 0.01 is 50x below, so 2,500 x 600 steps; a closed gap (0) is left out of the fit.
+    assert implied_steps([600, 2400, 9600], [0.5, 0.25, 0.0]) == pytest.approx(1_500_000)
+    assert implied_steps([600, 1200], [0.3, 0.3]) is None  # not shrinking: no budget implied
+    assert implied_steps([600, 1200], [0.3, 0.0]) is None  # one point: no slope
 
 
 def test_a_longer_study_extends_the_presets_budgets_only_where_the_trunk_can_branch():

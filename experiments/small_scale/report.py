@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from sbd_jax.evaluation.scoring import find, one, paired_difference
 
@@ -72,6 +73,51 @@ def diagnostic_rows(results: dict) -> list[str]:
     return out
 
 
+def budgets(results: dict) -> list[tuple[int, str]]:
+    """(fine-tuning steps, model name) of every SBD fine-tune, shortest first."""
+    return sorted((int(m[3:]), m) for m in results["heldout_ntp_loss"] if m.startswith("ft_"))
+
+
+def implied_steps(steps: Sequence[int], gaps: Sequence[float], target: float = 0.01) -> float | None:
+    """Where a power law through (steps, gap to NTP) reaches `target`: a least-squares line in log-log
+    over the points with a positive gap. None without two such points or if the gap is not shrinking."""
+    points = [(math.log(s), math.log(g)) for s, g in zip(steps, gaps) if g > 0]
+    if len(points) < 2:
+        return None
+    mean_x = sum(x for x, _ in points) / len(points)
+    mean_y = sum(y for _, y in points) / len(points)
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points)
+             / sum((x - mean_x) ** 2 for x, _ in points))
+    if slope >= 0:
+        return None
+    return math.exp(mean_x + (math.log(target) - mean_y) / slope)
+
+
+def trend_rows(results: dict) -> list[str]:
+    """The largest block across fine-tuning budgets (test): accuracy and tokens per pass at each γ, beside
+    the same model's NTP decoding, and the budget a power law through the gaps implies for 1 point."""
+    tests = [e for e in results["entries"] if e["split"] == "test"]
+    k = max(results["sizes"]["block_sizes"])
+    gammas = sorted({e["gamma"] for e in find(tests, mode="sbd", block_size=k)})
+    out = [_row("fine-tuning steps", "NTP decoding", *(f"γ {g}: accuracy, tokens/pass" for g in gammas)),
+           _row(*["---"] * (2 + len(gammas)))]
+    gaps: dict[float, list[float]] = {g: [] for g in gammas}
+    for steps, model in budgets(results):
+        ntp = one(tests, model=model, mode="ntp")["accuracy"]
+        cells = []
+        for g in gammas:
+            e = one(tests, model=model, mode="sbd", block_size=k, gamma=g)
+            gaps[g].append(ntp - e["accuracy"])
+            cells.append(f"{e['accuracy']:.1%}, {e['tokens_per_pass']:.2f}")
+        out.append(_row(steps, f"{ntp:.1%}", *cells))
+    steps = [s for s, _ in budgets(results)]
+    implied = [implied_steps(steps, gaps[g]) for g in gammas]
+    out.append(_row("steps for a gap ≤ 1 point (power law through the gaps; an extrapolation)", "",
+                    *("reached" if gaps[g] and gaps[g][-1] <= 0.01 else "n/a" if n is None else f"~{n:,.0f}"
+                      for g, n in zip(gammas, implied))))
+    return out
+
+
 def speed_rows(results: dict) -> list[str]:
     speed = [e for e in results["entries"] if e["split"] == "speed"]
     out = [_row("batch", "mode", "block", "γ", "decoding tokens/s", "vs NTP", "with prefill", "vs NTP",
@@ -109,6 +155,8 @@ def markdown(results: dict[str, Any]) -> str:
     out += headline_rows(results)
     out += ["", "## γ = 0 diagnostic (test): is the MATP under-trained, or is it the reveal order?", ""]
     out += diagnostic_rows(results)
+    out += ["", f"## Block {max(sizes['block_sizes'])} across fine-tuning budgets (test; the gap to NTP vs steps)", ""]
+    out += trend_rows(results)
     out += ["", f"## Wall-clock on this CPU ({model_label(results['headline_model'])}, "
             f"{sizes['speed_problems']} test problems, median of {sizes['speed_repeats']} runs)", ""]
     out += speed_rows(results)
@@ -130,6 +178,7 @@ def markdown(results: dict[str, Any]) -> str:
                         f"{valid['accuracy']:.1%}"))
     out += ["", "Plots: `accuracy_vs_passes.png` (test accuracy against tokens per pass at the largest block, one "
             "line per model, γ along each line, 95% intervals, each model's NTP decoding as a reference point), "
+            "`budget_trend.png` (test error and tokens per pass at the largest block against fine-tuning steps), "
             "`gamma0_diagnostic.png` and `loss_curves.png` (training NTP and MATP losses).", ""]
     return "\n".join(out)
 
@@ -172,6 +221,28 @@ def plots(results: dict[str, Any], directory: str) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(directory, "gamma0_diagnostic.png"), dpi=110)
+    plt.close(fig)
+
+    trained = budgets(results)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for g in sorted({e["gamma"] for e in find(tests, mode="sbd", block_size=k)}):
+        grid = [one(tests, model=m, mode="sbd", block_size=k, gamma=g) for _, m in trained]
+        axes[0].plot([s for s, _ in trained], [100 * (1 - e["accuracy"]) for e in grid], "o-", label=f"γ {g}")
+        axes[1].plot([s for s, _ in trained], [e["tokens_per_pass"] for e in grid], "o-", label=f"γ {g}")
+    axes[0].plot([s for s, _ in trained], [100 * (1 - one(tests, model=m, mode="ntp")["accuracy"]) for _, m in trained],
+                 "k*--", label="NTP decoding")
+    axes[0].set(title=f"block {k}: test error vs fine-tuning steps", xlabel="fine-tuning steps",
+                ylabel="whole-answer error (%)", xscale="log")
+    axes[0].set_yscale("symlog", linthresh=1)  # NTP's error is 0–1%, SBD's up to ~90%
+    axes[0].set_ylim(bottom=0)
+    axes[1].set(title=f"block {k}: tokens per pass vs fine-tuning steps", xlabel="fine-tuning steps",
+                ylabel="tokens per forward pass", xscale="log")
+    for ax in axes:
+        ax.set_xticks([s for s, _ in trained], [str(s) for s, _ in trained])
+        ax.minorticks_off()
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(directory, "budget_trend.png"), dpi=110)
     plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
