@@ -138,8 +138,11 @@ def speed_rows(results: dict) -> list[str]:
 def markdown(results: dict[str, Any]) -> str:
     entries, loss, sizes = results["entries"], results["heldout_ntp_loss"], results["sizes"]
     machine, runtime = results["machine"], results["runtime_seconds"]
+    provenance = results.get("provenance", {"commit": "unknown", "measured_at": "unknown"})
     out = ["# SBD at small scale: tiny models trained on a CPU", "",
-           f"Command: `{results['command']}`  ",
+           f"Command: `{results['command']}` at commit {provenance['commit']}"
+           + (f" ({provenance['measured_at'][:10]})" if "measured_at" in provenance
+              else f" ({provenance.get('commit_is', '')}; {provenance.get('note', '')})") + "  ",
            "Training (step + compile time, a fine-tune counting its trunk up to its branch point): "
            + ", ".join(f"{model_label(m)} {t / 60:.1f} min" for m, t in runtime["train"].items())
            + f"; this invocation {runtime['total'] / 60:.1f} min in total.  ",
