@@ -93,7 +93,8 @@ def main(argv: list[str]) -> None:
     texts = args.prompt + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
     if not texts:
         raise UserError("give at least one --prompt or a --prompts-file")
-    from sbd_jax.api import Settings, load
+    from sbd_jax.api import load
+    from sbd_jax.settings import Settings
 
     auto = args.block_size == "auto"
     if auto and not (args.mode == "sbd" and args.verify):

@@ -13,67 +13,16 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Sequence
 
 import jax
 
 from sbd_jax.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
-from sbd_jax.decoders import (DEFAULT_GAMMA, Decoder, NTPDecoder, check_block_size, check_decoding_options,
-                              check_gamma, check_proxy)
 from sbd_jax.errors import UserError
 from sbd_jax.sampler import Executables, Generation, generate
-from sbd_jax.sbd_decoder import SBDDecoder
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
+from sbd_jax.settings import Settings
 
-MODES = ("ntp", "sbd")
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """How to decode. Every field is checked here, once, when the settings are made (before any model
-    is loaded); `decoder` then builds the decoder class that runs them."""
-
-    mode: str = "ntp"  # ntp: one token per forward; sbd: blocks of tokens per forward
-    max_new_tokens: int = 128
-    block_size: int = 16  # sbd: tokens per block
-    gamma: float | None = None  # sbd: entropy budget per pass (None: 0.35); not with verify
-    proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
-    verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise UserError(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
-        check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
-        if self.verify and self.mode != "sbd":
-            raise UserError("verify (--verify) checks SBD's drafts: use it with mode 'sbd' (--mode sbd)")
-        if self.verify and self.gamma is not None:
-            raise UserError("gamma (--gamma) has no effect with verify (--verify): drafts come from one pass and "
-                            "verification decides what is kept; drop gamma, or drop verify for Entropy-Bounded "
-                            "decoding")
-        if self.mode == "sbd":
-            check_block_size(self.block_size)
-            check_proxy(self.proxy)
-        if self.gamma is not None:
-            check_gamma(self.gamma)
-
-    @property
-    def entropy_budget(self) -> float:
-        """γ as the decoder receives it (plain SBD's default when unset; the other decoders ignore it)."""
-        return DEFAULT_GAMMA if self.gamma is None else self.gamma
-
-    def decoder(self, config: Any) -> Decoder:
-        """The decoder that runs these settings for a model of `config`; it stops at the model's EOS ids."""
-        common = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-                      eos_ids=config.eos_token_ids)
-        if self.mode == "ntp":
-            return NTPDecoder(config, **common)
-        if self.verify:
-            return VerifiedSBDDecoder(config, block_size=self.block_size, **common)
-        return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)
-
+__all__ = ["SBDModel", "Settings", "load"]
 
 class SBDModel:
     """A loaded model (config, parameters on the default device, tokenizer) that generates text.

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from sbd_jax.errors import UserError
+from sbd_jax.settings import Settings
 
 BLOCK_SIZES = (4, 8, 16)  # the candidates `measure_block_choice` tries by default
 
@@ -59,8 +60,6 @@ class BlockChoice:
 
 def decoder_for(config: Any, block_size: int, max_new_tokens: int) -> Any:
     """Greedy NTP (`block_size` 1) or verified SBD at `block_size`, stopping at the model's EOS ids."""
-    from sbd_jax.api import Settings  # imported here: the API imports this module
-
     settings = (Settings(max_new_tokens=max_new_tokens) if block_size == 1
                 else Settings(mode="sbd", block_size=block_size, verify=True, max_new_tokens=max_new_tokens))
     return settings.decoder(config)

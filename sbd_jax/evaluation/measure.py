@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.api import Settings
+from sbd_jax.settings import Settings
 from sbd_jax.config import ModelConfig
 from sbd_jax.data import Packed, load_packed
 from sbd_jax.evaluation.arithmetic import Problem, final_result
