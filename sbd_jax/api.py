@@ -24,6 +24,7 @@ from sbd_jax.settings import Settings
 
 __all__ = ["SBDModel", "Settings", "load"]
 
+
 class SBDModel:
     """A loaded model (config, parameters on the default device, tokenizer) that generates text.
 

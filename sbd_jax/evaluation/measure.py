@@ -12,7 +12,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.settings import Settings
 from sbd_jax.config import ModelConfig
 from sbd_jax.data import Packed, load_packed
 from sbd_jax.evaluation.arithmetic import Problem, final_result
@@ -20,6 +19,7 @@ from sbd_jax.evaluation.scoring import wilson
 from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss
 from sbd_jax.sampler import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
+from sbd_jax.settings import Settings
 
 
 @dataclasses.dataclass(frozen=True)
