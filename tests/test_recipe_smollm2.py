@@ -4,6 +4,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from recipes.smollm2_sbd.distill import repetition, write_distilled
 from recipes.smollm2_sbd import eval as recipe_eval
 from recipes.smollm2_sbd.eval import choose_gamma
@@ -90,7 +92,7 @@ class FakeEvaluations:
             nfe = [2] * n
         elif setting["mode"] == "sbd" and setting["gamma"] >= 0.6:
             outputs, nfe = [[1, 2, 3, 9]] * n, [1] * n
-        return {"model": model, **setting, "split": split, "n": n, "seconds": 1.0, "outputs": outputs, "nfe": nfe,
+        return {"model": model, **setting, "split": split, "n": n, "seconds": 900.0, "outputs": outputs, "nfe": nfe,
                 "drafted": 6 if setting["mode"] != "ntp" else 0, "accepted": 2 if setting["mode"] != "ntp" else 0}
 
 
@@ -113,16 +115,21 @@ def test_evaluation_reports_ntp_and_verified_rows_before_the_validation_grid(mon
     assert results["rows"][4]["chosen_on_validation"] and not results["rows"][5]["chosen_on_validation"]
     partial = {"rows": results["rows"][:3], "validation": [], "chosen_gamma": {}, "complete": False, "seconds": 600,
                "prompts": {"humaneval": 2, "test": 2, "valid": 2}}
+    partial_data = {"train_prompts": 1, "answer_tokens": 1, "train": 1, "dropped_unfinished": 0, "valid": 2, "test": 2,
+                    "heldout_modules": ["x"], "repetition": {"answers": 1, "mean_tokens": 1, "cut_off": 0,
+                                                             "repeat_16_token_window": 0, "distinct_4gram_share": 1}}
     report = markdown({"preset": "cpu", "command": "c", "provenance": {"commit": "abc"}, "machine": "m",
-                       "seconds": {"distill": 0, "train": 60, "eval": 60}, "data": {
-                           "train_prompts": 1, "answer_tokens": 1, "train": 1, "dropped_unfinished": 0, "valid": 2,
-                           "test": 2, "heldout_modules": ["x"], "repetition": {
-                               "answers": 1, "mean_tokens": 1, "cut_off": 0, "repeat_16_token_window": 0,
-                               "distinct_4gram_share": 1}},
+                       "seconds": {"distill": 0, "train": 60, "eval": 60}, "data": partial_data,
                        "evaluation": partial})
     assert "evaluation in progress (10 min into this invocation: 3 rows and 0 validation entries so far)" in report
     assert "| tuned, verified SBD | 4 | ∞ (one pass) | 50.0% (1) | +0 | 2.00 |" in report
     assert "γ chosen on 2 validation prompts: not yet" in report and "Validation grid" not in report
+    # Finished: the stage's time is the entries' own decoding seconds, whatever invocations they ran in.
+    done = markdown({"preset": "cpu", "command": "c", "provenance": {"commit": "abc"}, "machine": "m",
+                     "seconds": {"distill": 0, "train": 60, "eval": 60}, "data": partial_data,
+                     "evaluation": dict(results, complete=True, prompts=partial["prompts"])})
+    entries = 2 * len(results["rows"]) + len(results["validation"])
+    assert f"evaluation {entries * 900 / 3600:.1f} h of decoding summed over its entries" in done
 
 
 def test_cached_entries_are_keyed_by_the_exact_weights(tmp_path):
@@ -218,3 +225,31 @@ def test_gpu_script_returns_its_log_and_preflight_when_cut_short(tmp_path):
     assert proc.returncode in (124, 137)  # cut short
     assert json.load(open(tmp_path / "recipe_preflight.json"))["tiny_layer"]["finite"]
     assert (tmp_path / "recipe_log.txt").stat().st_size > 0  # the log was teed into $OUT as it ran
+
+
+def test_a_sigterm_during_a_stage_still_counts_its_time(tmp_path, monkeypatch):
+    """A killed invocation (a device call's time limit, an operator's kill) adds the seconds it spent
+    to the stage's total before it exits, so the report's stage times are not undercounted."""
+    import signal
+    import time
+
+    from recipes.smollm2_sbd import run
+
+    def distill_until_killed(*args):
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the handler interrupts this
+        raise AssertionError("SIGTERM did not stop the stage")
+
+    monkeypatch.setattr(run, "distill", distill_until_killed)
+    def not_replaced(*args):
+        raise AssertionError("the recipe left SIGTERM's handler as it was: a plain kill would skip the stage's finally")
+
+    previous = signal.signal(signal.SIGTERM, not_replaced)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run.main(["--workdir", str(tmp_path), "--smoke"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert 0.2 <= json.load(open(tmp_path / "seconds.json"))["distill"] < 30

@@ -105,6 +105,15 @@ def speed_lines(results: dict) -> list[str]:
     return lines + [""]
 
 
+def decoding_seconds(results: dict) -> float:
+    """Decoding time of every evaluation entry (the milestones', the validation grid's, the test and
+    HumanEval rows'): each entry times itself, so an invocation stopped partway still counts its entries."""
+    ev = results["evaluation"]
+    return (sum(row[split]["seconds"] for row in ev["rows"] for split in ("test", "humaneval"))
+            + sum(e["seconds"] for e in ev["validation"])
+            + sum(point[kind]["seconds"] for point in results.get("trend", []) for kind in ("verified", "sbd")))
+
+
 def markdown(results: dict) -> str:
     """The report of what the run has finished so far (it is rewritten after every stage)."""
     seconds, data = results["seconds"], results["data"]
@@ -117,7 +126,8 @@ def markdown(results: dict) -> str:
                       f"tokens, median {t['median_seconds_per_step']:.1f} s a step)")
     if "evaluation" in results:
         ev = results["evaluation"]
-        stages.append(f"evaluation {seconds['eval'] / 60:.0f} min" if ev.get("complete", True) else
+        stages.append(f"evaluation {decoding_seconds(results) / 3600:.1f} h of decoding summed over its entries"
+                      if ev.get("complete", True) else
                       f"evaluation in progress ({ev['seconds'] / 60:.0f} min into this invocation: {len(ev['rows'])} "
                       f"rows and {len(ev['validation'])} validation entries so far)")
     else:

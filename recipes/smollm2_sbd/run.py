@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import sys
 import time
 from typing import Any
@@ -229,6 +230,10 @@ def main(argv: list[str]) -> None:
     seconds_path = os.path.join(args.workdir, "seconds.json")  # stage times, summed over invocations
     seconds = json.load(open(seconds_path)) if os.path.exists(seconds_path) else {"distill": 0.0, "train": 0.0, "eval": 0.0}
 
+    # A plain SIGTERM would end the process without running `timed`'s finally; as an exception it does (training
+    # installs its own handler meanwhile, which saves a checkpoint and then raises).
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
     def timed(stage, fn, *a):
         began = time.perf_counter()
         try:
@@ -298,6 +303,10 @@ def main(argv: list[str]) -> None:
 
     redone("evaluation", timed("eval", evaluation.main, argv, progress))
     _write(results, out, write_report)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _write(results: dict, out: str, write_report) -> None:
