@@ -122,8 +122,9 @@ def markdown(results: dict) -> str:
     if "train" in results:
         t = results["train"]
         done = f"{t['steps_done']} of {t['steps']}" if t.get("steps_done", t["steps"]) < t["steps"] else t["steps"]
-        stages.append(f"training {seconds['train'] / 60:.0f} min ({done} steps of {t['batch']} × {t['seq_len']} "
-                      f"tokens, median {t['median_seconds_per_step']:.1f} s a step)")
+        stages.append(f"training {seconds['train'] / 60:.0f} min (the SBD fine-tune: {done} steps of {t['batch']} × "
+                      f"{t['seq_len']} tokens, median {t['median_seconds_per_step']:.1f} s a step"
+                      + ("; then the NTP-only control)" if "evaluation" in results else ")"))
     if "evaluation" in results:
         ev = results["evaluation"]
         stages.append(f"evaluation {decoding_seconds(results) / 3600:.1f} h of decoding summed over its entries"
