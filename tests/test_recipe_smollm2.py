@@ -75,6 +75,14 @@ def test_first_difference_and_gamma_chosen_on_validation_only():
     assert choose_gamma(grid, 4) is None
 
 
+def test_an_entry_summary_counts_answers_that_loop():
+    loop = list(range(16)) * 2  # a 16-token window, twice
+    entry = {"model": "tuned", "mode": "sbd", "block_size": 4, "gamma": 0.35, "split": "test", "n": 4, "seconds": 1.0,
+             "outputs": [loop, list(range(32)), loop[:31], [7] * 17], "nfe": [8, 8, 8, 8], "drafted": 0, "accepted": 0}
+    # [7] * 17 holds the window (7,) * 16 twice (starting at 0 and 1); 31 tokens of the loop do not hold one twice
+    assert recipe_eval.summary(entry, None)["repeating"] == 0.5
+
+
 class FakeEvaluations:
     """Entries without a model: NTP emits [1, 2, 3, 4] in 4 forwards; verified SBD the same in 2; plain SBD
     at γ g emits [1, 2, 3, 9] (differs at token 3) in 1 forward when g >= 0.6, else agrees in 4."""

@@ -26,6 +26,7 @@ import sys
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
+from recipes.smollm2_sbd.distill import repeats_a_window
 from sbd_jax.evaluation.scoring import first_difference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -101,7 +102,9 @@ def summary(entry: dict, reference: dict | None) -> dict:
     tokens, nfe = sum(map(len, entry["outputs"])), sum(entry["nfe"])
     out = {k: entry[k] for k in ("model", "mode", "block_size", "gamma", "split", "n", "seconds")}
     out.update(tokens_per_forward=tokens / max(nfe, 1), mean_tokens=tokens / max(entry["n"], 1),
-               accepted_fraction=entry["accepted"] / entry["drafted"] if entry["drafted"] else None)
+               accepted_fraction=entry["accepted"] / entry["drafted"] if entry["drafted"] else None,
+               # loops make blocks easy: a setting that loops more gets more tokens per forward for it
+               repeating=sum(map(repeats_a_window, entry["outputs"])) / max(entry["n"], 1))
     if reference is not None:
         firsts = [first_difference(a, b) for a, b in zip(entry["outputs"], reference["outputs"])]
         differing = sorted(f for f in firsts if f is not None)
