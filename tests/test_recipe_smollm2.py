@@ -257,6 +257,7 @@ def test_a_sigterm_during_a_stage_still_counts_its_time(tmp_path, monkeypatch):
     try:
         with pytest.raises(SystemExit) as stopped:
             run.main(["--workdir", str(tmp_path), "--smoke"])
+        assert signal.getsignal(signal.SIGTERM) is not_replaced  # the stage's handler lives only as long as it does
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.code == 128 + signal.SIGTERM

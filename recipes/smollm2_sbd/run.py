@@ -230,15 +230,15 @@ def main(argv: list[str]) -> None:
     seconds_path = os.path.join(args.workdir, "seconds.json")  # stage times, summed over invocations
     seconds = json.load(open(seconds_path)) if os.path.exists(seconds_path) else {"distill": 0.0, "train": 0.0, "eval": 0.0}
 
-    # A plain SIGTERM would end the process without running `timed`'s finally; as an exception it does (training
-    # installs its own handler meanwhile, which saves a checkpoint and then raises).
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-
     def timed(stage, fn, *a):
         began = time.perf_counter()
+        # A plain SIGTERM would end the process without running the finally below; as an exception it does
+        # (training installs its own handler meanwhile, which saves a checkpoint and then raises).
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             return fn(*a)
         finally:  # an interrupted invocation (SIGTERM, an error) still counts its time
+            signal.signal(signal.SIGTERM, previous)
             seconds[stage] += time.perf_counter() - began
             with open(seconds_path, "w") as f:
                 json.dump(seconds, f)
