@@ -41,10 +41,6 @@ from sbd_jax.errors import UserError
 from sbd_jax.train_config import DataConfig
 
 CHUNK_BYTES = 16 << 20  # the unit of reading dealt to hosts and workers, and of the shuffle across the corpus
-# A small corpus is cut finer, into about MIN_CHUNKS chunks (none under MIN_CHUNK_BYTES): with 16 MB chunks a
-# corpus of a few files would be read file by file, and batches would hold one source for thousands of steps.
-MIN_CHUNKS = 4096
-MIN_CHUNK_BYTES = 4 << 10
 WINDOW_ROWS = 64  # documents are shuffled and packed this many rows' worth at a time
 
 
@@ -56,12 +52,8 @@ class Chunk(NamedTuple):
     end: int
 
 
-def plan_chunks(files: Sequence[str], chunk_bytes: int | None = None) -> list[Chunk]:
-    """The chunks of the files, from their sizes only (nothing is read); `chunk_bytes` by default
-    CHUNK_BYTES, or less for a corpus under MIN_CHUNKS of those."""
-    if chunk_bytes is None:
-        total = sum(os.path.getsize(p) for p in files if p.endswith((".jsonl", ".json")))
-        chunk_bytes = min(CHUNK_BYTES, max(MIN_CHUNK_BYTES, total // MIN_CHUNKS))
+def plan_chunks(files: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> list[Chunk]:
+    """The chunks of the files, from their sizes only (nothing is read)."""
     chunks = []
     for path in files:
         if not path.endswith((".jsonl", ".json")):

@@ -31,17 +31,6 @@ def test_chunks_hold_every_record_exactly_once_in_order(tmp_path, chunk_bytes):
     assert records == list(read_records(path))
 
 
-def test_a_small_corpus_of_few_files_is_cut_fine_enough_to_mix_its_sources(tmp_path):
-    big, small = tmp_path / "arithmetic.jsonl", tmp_path / "code.jsonl"
-    big.write_text('{"text": "1+1=2"}\n' * 30_000)  # 540 kB
-    small.write_text('{"text": "pass"}\n' * 3_000)  # 51 kB
-    chunks = streaming.plan_chunks([str(big), str(small)])
-    per_file = {p: sum(c.path == p for c in chunks) for p in (str(big), str(small))}
-    # 591 kB / 4,096 chunks is under the 4 kB floor: 4 kB chunks, so each file is many shuffle units, not one.
-    assert per_file == {str(big): -(-540_000 // 4096), str(small): -(-51_000 // 4096)}
-    assert streaming.plan_chunks([str(big)], 1 << 20) == [streaming.Chunk(str(big), 0, 540_000)]  # as asked
-
-
 def test_a_bad_record_is_named_by_file_and_line_or_by_byte_in_later_chunks(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"text": 3}\n' + '{"text": "fine"}\n' * 10 + "{oops\n")
