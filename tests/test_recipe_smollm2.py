@@ -250,6 +250,7 @@ def test_a_sigterm_during_a_stage_still_counts_its_time(tmp_path, monkeypatch):
         raise AssertionError("SIGTERM did not stop the stage")
 
     monkeypatch.setattr(run, "distill", distill_until_killed)
+
     def not_replaced(*args):
         raise AssertionError("the recipe left SIGTERM's handler as it was: a plain kill would skip the stage's finally")
 

@@ -18,6 +18,8 @@ import collections
 import os
 from typing import Sequence
 
+from sbd_jax.evaluation.scoring import first_difference as first_differing_index
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -35,8 +37,6 @@ def first_difference(ntp_ids: Sequence[int], sbd_ids: Sequence[int], reveal_pass
     """How SBD's output first departs from NTP's (None if identical): `kind` is "token" (a different
     token), "stopped early" or "went on" (an EOS where the other has none); for a token, its block
     position band, whether the block's first pass revealed it and whether that pass revealed it alone."""
-    from sbd_jax.evaluation.scoring import first_difference as first_differing_index
-
     i = first_differing_index(ntp_ids, sbd_ids)
     if i is None:
         return None

@@ -93,16 +93,21 @@ def implied_steps(steps: Sequence[int], gaps: Sequence[float], target: float = 0
     return math.exp(mean_x + (math.log(target) - mean_y) / slope)
 
 
+def sbd_gammas(tests: list[dict], block_size: int) -> list[float]:
+    """The γ grid plain SBD was decoded with at `block_size`."""
+    return sorted({e["gamma"] for e in find(tests, mode="sbd", block_size=block_size)})
+
+
 def trend_rows(results: dict) -> list[str]:
     """The largest block across fine-tuning budgets (test): accuracy and tokens per pass at each γ, beside
     the same model's NTP decoding, and the budget a power law through the gaps implies for 1 point."""
     tests = [e for e in results["entries"] if e["split"] == "test"]
     k = max(results["sizes"]["block_sizes"])
-    gammas = sorted({e["gamma"] for e in find(tests, mode="sbd", block_size=k)})
+    gammas, trained = sbd_gammas(tests, k), budgets(results)
     out = [_row("fine-tuning steps", "NTP decoding", *(f"γ {g}: accuracy, tokens/pass" for g in gammas)),
            _row(*["---"] * (2 + len(gammas)))]
     gaps: dict[float, list[float]] = {g: [] for g in gammas}
-    for steps, model in budgets(results):
+    for steps, model in trained:
         ntp = one(tests, model=model, mode="ntp")["accuracy"]
         cells = []
         for g in gammas:
@@ -110,8 +115,7 @@ def trend_rows(results: dict) -> list[str]:
             gaps[g].append(ntp - e["accuracy"])
             cells.append(f"{e['accuracy']:.1%}, {e['tokens_per_pass']:.2f}")
         out.append(_row(steps, f"{ntp:.1%}", *cells))
-    steps = [s for s, _ in budgets(results)]
-    implied = [implied_steps(steps, gaps[g]) for g in gammas]
+    implied = [implied_steps([s for s, _ in trained], gaps[g]) for g in gammas]
     out.append(_row("steps for a gap ≤ 1 point (power law through the gaps; an extrapolation)", "",
                     *("reached" if gaps[g] and gaps[g][-1] <= 0.01 else "n/a" if n is None else f"~{n:,.0f}"
                       for g, n in zip(gammas, implied))))
@@ -138,11 +142,10 @@ def speed_rows(results: dict) -> list[str]:
 def markdown(results: dict[str, Any]) -> str:
     entries, loss, sizes = results["entries"], results["heldout_ntp_loss"], results["sizes"]
     machine, runtime = results["machine"], results["runtime_seconds"]
-    provenance = results.get("provenance", {"commit": "unknown", "measured_at": "unknown"})
+    provenance = results.get("provenance", {})
     out = ["# SBD at small scale: tiny models trained on a CPU", "",
-           f"Command: `{results['command']}` at commit {provenance['commit']}"
-           + (f" ({provenance['measured_at'][:10]})" if "measured_at" in provenance
-              else f" ({provenance.get('commit_is', '')}; {provenance.get('note', '')})") + "  ",
+           f"Command: `{results['command']}` at commit {provenance.get('commit', 'unknown')}"
+           + (f" ({provenance['commit_is']})" if "commit_is" in provenance else "") + "  ",
            "Training (step + compile time, a fine-tune counting its trunk up to its branch point): "
            + ", ".join(f"{model_label(m)} {t / 60:.1f} min" for m, t in runtime["train"].items())
            + f"; this invocation {runtime['total'] / 60:.1f} min in total.  ",
@@ -227,12 +230,13 @@ def plots(results: dict[str, Any], directory: str) -> None:
     plt.close(fig)
 
     trained = budgets(results)
+    steps = [s for s, _ in trained]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for g in sorted({e["gamma"] for e in find(tests, mode="sbd", block_size=k)}):
+    for g in sbd_gammas(tests, k):
         grid = [one(tests, model=m, mode="sbd", block_size=k, gamma=g) for _, m in trained]
-        axes[0].plot([s for s, _ in trained], [100 * (1 - e["accuracy"]) for e in grid], "o-", label=f"γ {g}")
-        axes[1].plot([s for s, _ in trained], [e["tokens_per_pass"] for e in grid], "o-", label=f"γ {g}")
-    axes[0].plot([s for s, _ in trained], [100 * (1 - one(tests, model=m, mode="ntp")["accuracy"]) for _, m in trained],
+        axes[0].plot(steps, [100 * (1 - e["accuracy"]) for e in grid], "o-", label=f"γ {g}")
+        axes[1].plot(steps, [e["tokens_per_pass"] for e in grid], "o-", label=f"γ {g}")
+    axes[0].plot(steps, [100 * (1 - one(tests, model=m, mode="ntp")["accuracy"]) for _, m in trained],
                  "k*--", label="NTP decoding")
     axes[0].set(title=f"block {k}: test error vs fine-tuning steps", xlabel="fine-tuning steps",
                 ylabel="whole-answer error (%)", xscale="log")
@@ -241,7 +245,7 @@ def plots(results: dict[str, Any], directory: str) -> None:
     axes[1].set(title=f"block {k}: tokens per pass vs fine-tuning steps", xlabel="fine-tuning steps",
                 ylabel="tokens per forward pass", xscale="log")
     for ax in axes:
-        ax.set_xticks([s for s, _ in trained], [str(s) for s, _ in trained])
+        ax.set_xticks(steps, [str(s) for s in steps])
         ax.minorticks_off()
         ax.legend(fontsize=7)
     fig.tight_layout()
