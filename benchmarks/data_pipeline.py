@@ -85,8 +85,7 @@ def measure(path: str, tokenizer, batches: int, workers: int, global_batch: int,
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     data = DataConfig(files=(path,), seq_len=seq_len, shards=1, workers=workers)
-    stream = streaming.host_batches(data, tokenizer, global_batch=global_batch, seed=0, num_steps=batches, host=0,
-                                    hosts=1)
+    stream = streaming.host_batches(data, tokenizer, global_batch=global_batch, seed=0, host=0, hosts=1)
     first = next(stream)  # worker start-up and the first window are not steady-state throughput
     began, tokens = time.perf_counter(), 0
     for _ in range(batches):

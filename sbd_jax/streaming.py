@@ -1,18 +1,22 @@
 """The training data stream: files read lazily in chunks, tokenized and packed on the fly, with Grain.
 
-A corpus is cut into chunks: byte ranges of JSONL files (`CHUNK_BYTES`; a line belongs to the chunk it
-starts in) or whole text files. The chunk sequence, shuffled anew every epoch and repeated, is dealt
-round-robin to `shards` streams; shard s belongs to host s % hosts, so a host opens only its shards'
-chunks, and within a shard each Grain worker process takes every W-th of its chunks. A stream parses
-its records, tokenizes them, packs documents best-fit into rows a window of `WINDOW_ROWS` rows at a
-time (documents shuffled within the window first), and batches the rows. A global batch is every
-shard's next batch, in shard order: batches are a function of (files, seed, shards, workers), not of
-the host count, so one process given `shards=2` sees what two hosts see together. Host memory is
-bounded by the window and the prefetch buffers, whatever the corpus size.
+A corpus is cut into chunks: byte ranges of JSONL files (a line belongs to the chunk it starts in), about
+`CORPUS_CHUNKS` of them within [MIN_CHUNK_BYTES, CHUNK_BYTES], or whole text files. The chunk sequence,
+shuffled anew every epoch and repeated, is dealt round-robin to `shards` streams; shard s belongs to host
+s % hosts, so a host opens only its shards' chunks, and within a shard each Grain worker process takes
+every W-th of its chunks. A stream reads `OPEN_CHUNKS` of its chunks at once, a record from each in turn,
+tokenizes the records, and packs them a window of `WINDOW_TOKENS` (at most the corpus's bytes) at a
+time: the window's documents are shuffled, packed best-fit into rows, and the rows shuffled, then
+batched. The window is what mixes a corpus whose documents are long (a source file of 18k tokens is 145
+rows of 128): every batch draws its rows from across a million tokens, whatever file each came from.
+A global batch is every shard's next batch, in shard order: batches are a function of (files, seed,
+shards, workers), not of the host count, so one process given `shards=2` sees what two hosts see
+together. Host memory is bounded by the window, the open chunks' read buffers and the prefetch buffers,
+whatever the corpus size.
 
-The state (per shard: chunk number, byte offset of the next line, rows already served from the current
-window; per worker under multiprocessing) is saved by each host with the train state, so a resumed run
-reads on from exactly where it stopped.
+The state (per shard: the next chunk, the open chunks' byte offsets, where the current window began and
+how many of its rows were served; per worker under multiprocessing) is saved by each host with the
+train state, so a resumed run reads on from exactly where it stopped.
 """
 
 from __future__ import annotations
@@ -40,8 +44,12 @@ from sbd_jax.data import (
 from sbd_jax.errors import UserError
 from sbd_jax.train_config import DataConfig
 
-CHUNK_BYTES = 16 << 20  # the unit of reading dealt to hosts and workers, and of the shuffle across the corpus
-WINDOW_ROWS = 64  # documents are shuffled and packed this many rows' worth at a time
+CHUNK_BYTES = 16 << 20  # the largest unit of reading dealt to hosts and workers
+MIN_CHUNK_BYTES = 4 << 10  # the smallest: a small corpus still cut below this would cost a file open per few lines
+CORPUS_CHUNKS = 1024  # a corpus is cut into about this many chunks, within those bounds
+OPEN_CHUNKS = 64  # chunks read at once, their records interleaved: the reach of the shuffle across the corpus
+READ_BYTES = 64 << 10  # a chunk is read this much at a time, so open chunks hold no file handles
+WINDOW_TOKENS = 1 << 20  # documents are shuffled and packed up to this many tokens at a time (~13 MB of rows)
 
 
 class Chunk(NamedTuple):
@@ -52,8 +60,18 @@ class Chunk(NamedTuple):
     end: int
 
 
-def plan_chunks(files: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> list[Chunk]:
-    """The chunks of the files, from their sizes only (nothing is read)."""
+def chunk_bytes_for(files: Sequence[str]) -> int:
+    """The chunk size for a corpus: `CORPUS_CHUNKS` chunks of it, within [MIN_CHUNK_BYTES, CHUNK_BYTES].
+
+    Why it scales with the corpus: a file smaller than a chunk would be one chunk, read start to end,
+    and a two-file corpus of a few MB would be read one file at a time (every batch from one file)."""
+    total = sum(os.path.getsize(path) for path in files if path.endswith((".jsonl", ".json")))
+    return int(np.clip(total // CORPUS_CHUNKS, MIN_CHUNK_BYTES, CHUNK_BYTES))
+
+
+def plan_chunks(files: Sequence[str], chunk_bytes: int | None = None) -> list[Chunk]:
+    """The chunks of the files, from their sizes only (nothing is read); `chunk_bytes` None: `chunk_bytes_for`."""
+    chunk_bytes = chunk_bytes or chunk_bytes_for(files)
     chunks = []
     for path in files:
         if not path.endswith((".jsonl", ".json")):
@@ -65,63 +83,84 @@ def plan_chunks(files: Sequence[str], chunk_bytes: int = CHUNK_BYTES) -> list[Ch
 
 
 class _Records(grain.IterDataset):
-    """The records of a sequence of chunks (its parent, a MapDataset), read lazily and in order.
+    """The records of a sequence of chunks (its parent, a MapDataset), `open_chunks` chunks read at once.
 
     Grain's worker processes divide the chunks between them by slicing this dataset (`set_slice`)."""
 
-    def __init__(self, chunks: grain.MapDataset):
+    def __init__(self, chunks: grain.MapDataset, open_chunks: int = OPEN_CHUNKS):
         super().__init__(chunks)
-        self._chunks = chunks
+        self._chunks, self._open_chunks = chunks, open_chunks
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         del sequential_slice
         self._chunks = self._chunks[sl]
 
     def __iter__(self) -> "_RecordsIterator":
-        return _RecordsIterator(self._chunks)
+        return _RecordsIterator(self._chunks, self._open_chunks)
 
 
 class _RecordsIterator(grain.DatasetIterator):
-    def __init__(self, chunks: grain.MapDataset):
+    """Records from the `open_chunks` chunks being read, each taken from the one that has read the fewest
+    bytes so far, so that every part of the corpus is read at the rate of its share of the bytes; an
+    exhausted chunk is replaced by the sequence's next. Each chunk's records come in file order.
+    (Taking a record from each chunk in turn instead would read a chunk of long documents ahead of the
+    others, a bias as large as the window.)
+
+    State: the next chunk to open, and per open chunk its number, the byte offset of its next line (-1:
+    not started), the bytes and lines it has read (the lines for error messages)."""
+
+    def __init__(self, chunks: grain.MapDataset, open_chunks: int = OPEN_CHUNKS):
         super().__init__()
-        self._chunks = chunks
-        self._state = {"chunk": 0, "offset": -1, "line": 0}  # offset -1: the chunk is not started
-        self._lines: Iterator[dict[str, Any]] | None = None
+        self._chunks, self._open_chunks = chunks, open_chunks
+        self.set_state({"next": 0, "open": []})
 
     def __next__(self) -> dict[str, Any]:
         while True:
-            if self._lines is None:
-                if self._state["chunk"] >= len(self._chunks):
-                    raise StopIteration
-                self._lines = self._read(self._chunks[self._state["chunk"]])
-            record = next(self._lines, None)
+            while len(self._open) < self._open_chunks and self._next < len(self._chunks):
+                self._open.append({"chunk": self._next, "offset": -1, "read": 0, "line": 0})
+                self._readers.append(None)
+                self._next += 1
+            if not self._open:
+                raise StopIteration
+            turn = min(range(len(self._open)), key=lambda i: self._open[i]["read"])
+            if self._readers[turn] is None:
+                cursor = self._open[turn]
+                self._readers[turn] = self._read(self._chunks[cursor["chunk"]], cursor)
+            record = next(self._readers[turn], None)
             if record is not None:
                 return record
-            self._lines = None
-            self._state = {"chunk": self._state["chunk"] + 1, "offset": -1, "line": 0}
+            del self._open[turn], self._readers[turn]
 
-    def _read(self, chunk: Chunk) -> Iterator[dict[str, Any]]:
-        """Records from the state's position on, advancing the state past each one before it is yielded."""
+    @staticmethod
+    def _read(chunk: Chunk, cursor: dict[str, int]) -> Iterator[dict[str, Any]]:
+        """Records from the cursor's position on, advancing the cursor past each one before it is yielded."""
         if chunk.end == -1:
-            if self._state["offset"] == -1:
-                self._state["offset"] = 0
+            if cursor["offset"] == -1:
+                cursor.update(offset=0, read=os.path.getsize(chunk.path))
                 yield from text_file_record(chunk.path)
             return
-        with open(chunk.path, "rb") as f:
-            position = self._state["offset"]
-            if position == -1:
-                position = chunk.start
-                if chunk.start > 0:  # a line running into the chunk belongs to the chunk it starts in
-                    f.seek(chunk.start - 1)
-                    position = chunk.start - 1 + len(f.readline())
-            f.seek(position)
-            while position < chunk.end:
-                line = f.readline()
-                if not line:
-                    return
+        while True:
+            with open(chunk.path, "rb") as f:  # closed between reads: many chunks are open at once
+                position = cursor["offset"]
+                if position == -1:
+                    position = chunk.start
+                    if chunk.start > 0:  # a line running into the chunk belongs to the chunk it starts in
+                        f.seek(chunk.start - 1)
+                        position = chunk.start - 1 + len(f.readline())
+                f.seek(position)
+                lines, read = [], 0
+                while position + read < chunk.end and read < READ_BYTES:
+                    line = f.readline()
+                    if not line:
+                        break
+                    lines.append(line)
+                    read += len(line)
+            if not lines:
+                return
+            for line in lines:
                 position += len(line)
-                number = self._state["line"] + 1
-                self._state.update(offset=position, line=number)
+                number = cursor["line"] + 1
+                cursor.update(offset=position, read=cursor["read"] + len(line), line=number)
                 if line.strip():
                     # Line numbers count from the file's start only in its first chunk; later chunks name bytes.
                     where = f"{chunk.path}:{number}" if chunk.start == 0 else f"{chunk.path} (line at byte {position - len(line)})"
@@ -132,10 +171,12 @@ class _RecordsIterator(grain.DatasetIterator):
                     yield checked_record(record, where)
 
     def get_state(self) -> dict[str, Any]:
-        return dict(self._state)
+        return {"next": self._next, "open": [dict(cursor) for cursor in self._open]}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._state, self._lines = dict(state), None
+        self._next = state["next"]
+        self._open = [dict(cursor) for cursor in state["open"]]
+        self._readers: list[Iterator[dict[str, Any]] | None] = [None] * len(self._open)
 
 
 def _as_arrays(document: Document) -> dict[str, np.ndarray]:
@@ -145,21 +186,21 @@ def _as_arrays(document: Document) -> dict[str, np.ndarray]:
 class _Pack(grain.IterDataset):
     """Rows of `seq_len` packed from a stream of documents (`{"ids", "loss_mask"}` arrays), a window at a time."""
 
-    def __init__(self, documents: grain.IterDataset, seq_len: int, seed: int):
+    def __init__(self, documents: grain.IterDataset, seq_len: int, seed: int, window_tokens: int):
         super().__init__(documents)
-        self._seq_len, self._seed = seq_len, seed
+        self._seq_len, self._seed, self._window_tokens = seq_len, seed, window_tokens
 
     def __iter__(self) -> "_PackIterator":
-        return _PackIterator(self._parent.__iter__(), self._seq_len, self._seed)
+        return _PackIterator(self._parent.__iter__(), self._seq_len, self._seed, self._window_tokens)
 
 
 class _PackIterator(grain.DatasetIterator):
     """State: the documents' iterator state where the current window began, the window's number, and
     how many of its rows were served; restoring re-reads and re-packs that window (deterministic)."""
 
-    def __init__(self, documents: grain.DatasetIterator, seq_len: int, seed: int):
+    def __init__(self, documents: grain.DatasetIterator, seq_len: int, seed: int, window_tokens: int):
         super().__init__(documents)
-        self._seq_len, self._seed = seq_len, seed
+        self._seq_len, self._seed, self._window_tokens = seq_len, seed, window_tokens
         self._window, self._served, self._start = -1, 0, documents.get_state()
         self._rows: list[dict[str, np.ndarray]] = []
 
@@ -168,7 +209,7 @@ class _PackIterator(grain.DatasetIterator):
         self._window += 1
         self._served = 0
         documents, tokens = [], 0
-        while tokens < WINDOW_ROWS * self._seq_len:
+        while tokens < self._window_tokens:
             try:
                 d = next(self._parent)
             except StopIteration:
@@ -177,9 +218,11 @@ class _PackIterator(grain.DatasetIterator):
             tokens += len(d["ids"])
         if not documents:
             raise StopIteration
-        order = np.random.default_rng([self._seed, self._window]).permutation(len(documents))
-        packed = pack([documents[i] for i in order], self._seq_len)
-        self._rows = [{name: getattr(packed, name)[r] for name in Packed._fields} for r in range(len(packed.tokens))]
+        rng = np.random.default_rng([self._seed, self._window])
+        packed = pack([documents[i] for i in rng.permutation(len(documents))], self._seq_len)
+        # Best-fit packing places documents in order, so neighbouring rows hold neighbouring documents.
+        self._rows = [{name: getattr(packed, name)[r] for name in Packed._fields}
+                      for r in rng.permutation(len(packed.tokens))]
 
     def __next__(self) -> dict[str, np.ndarray]:
         if self._served == len(self._rows):
@@ -203,12 +246,13 @@ def _encode(record: dict[str, Any], tokenizer: Any) -> dict[str, np.ndarray]:
 
 
 def shard_stream(chunks: Sequence[Chunk], shard: int, shards: int, tokenizer: Any, seq_len: int,
-                 rows: int, seed: int, epochs: int, workers: int) -> grain.IterDataset:
-    """Batches of `rows` packed rows of one shard: every `shards`-th chunk of the epoch-shuffled sequence."""
-    sequence = grain.MapDataset.source(list(chunks)).shuffle(seed=seed).repeat(epochs)[shard::shards]
+                 rows: int, seed: int, workers: int, window_tokens: int) -> grain.IterDataset:
+    """Endless batches of `rows` packed rows of one shard: every `shards`-th chunk of the epoch-shuffled,
+    endlessly repeated chunk sequence (lazy: Grain computes the chunk at an index when it is read)."""
+    sequence = grain.MapDataset.source(list(chunks)).shuffle(seed=seed).repeat(None)[shard::shards]
     documents = _Records(sequence).map(functools.partial(_encode, tokenizer=tokenizer)).filter(
         lambda d: len(d["ids"]) > 0)
-    batches = _Pack(documents, seq_len, seed * 1_000_003 + shard).batch(rows)
+    batches = _Pack(documents, seq_len, seed * 1_000_003 + shard, window_tokens).batch(rows)
     if workers:
         if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags; train.py parses them, a library user may not
             flags.FLAGS.mark_as_parsed()
@@ -245,8 +289,10 @@ class HostBatches:
     `get_state` / `set_state` speak bytes (JSON of every shard's state), as Grain's Orbax checkpoint
     handler expects of an iterator: it writes one file per host."""
 
-    def __init__(self, streams: dict[int, grain.IterDataset]):
+    def __init__(self, streams: dict[int, grain.IterDataset], layout: dict[str, int]):
+        """`layout`: what a saved position depends on besides the files' content (saved with the state)."""
         self._iterators = {shard: iter(stream) for shard, stream in streams.items()}
+        self._layout = layout
 
     def __iter__(self) -> "HostBatches":
         return self
@@ -256,10 +302,17 @@ class HostBatches:
         return {name: np.concatenate([p[name] for p in parts]) for name in Packed._fields}
 
     def get_state(self) -> bytes:
-        return json.dumps({str(s): it.get_state() for s, it in self._iterators.items()}).encode()
+        shards = {str(s): it.get_state() for s, it in self._iterators.items()}
+        return json.dumps({"layout": self._layout, "shards": shards}).encode()
 
     def set_state(self, state: bytes) -> None:
-        states = json.loads(state)
+        saved = json.loads(state)
+        if saved.get("layout") != self._layout:
+            raise UserError(f"the checkpoint's data position is in a stream laid out as {saved.get('layout')}, "
+                            f"this run's is {self._layout} (the data files changed, or the version of sbd_jax "
+                            "that wrote it chunked or packed differently): resume with the same files and "
+                            "version, or start a new run")
+        states = saved["shards"]
         if sorted(states) != sorted(map(str, self._iterators)):
             raise UserError(f"the checkpoint's data state is for shards {sorted(states)}, this host reads "
                             f"{sorted(self._iterators)}: resume with the same number of hosts and data.shards")
@@ -281,8 +334,7 @@ class Snapshot:
         return self._state
 
 
-def host_batches(data: DataConfig, tokenizer: Any, *, global_batch: int, seed: int, num_steps: int, host: int,
-                 hosts: int) -> HostBatches:
+def host_batches(data: DataConfig, tokenizer: Any, *, global_batch: int, seed: int, host: int, hosts: int) -> HostBatches:
     """The stream of this host's share of every global batch (see the module docstring) from the config's
     `data` section (files, seq_len, shards, workers); the other sizes are keyword-only, so a swap fails."""
     files, seq_len, workers = data.files, data.seq_len, data.workers
@@ -291,13 +343,17 @@ def host_batches(data: DataConfig, tokenizer: Any, *, global_batch: int, seed: i
         raise UserError(f"data.shards={shards} is not a multiple of the {hosts} hosts: each host reads whole shards")
     if global_batch % shards:
         raise UserError(f"batch_size={global_batch} is not divisible by data.shards={shards} (default: the number of hosts)")
-    chunks = plan_chunks(expand_paths(files))
+    paths = expand_paths(files)
+    chunk_bytes = chunk_bytes_for(paths)
+    chunks = plan_chunks(paths, chunk_bytes)
     _check_some_text(chunks, files)
     rows = global_batch // shards
-    # Enough epochs that even one document per chunk visit fills every step; Grain reads them lazily.
-    epochs = (num_steps * rows + 1) * shards
-    return HostBatches({s: shard_stream(chunks, s, shards, tokenizer, seq_len, rows, seed, epochs, workers)
-                        for s in range(host, shards, hosts)})
+    # A window longer than the corpus (a token is seldom less than a byte of it) would mix nothing more.
+    window_tokens = min(WINDOW_TOKENS, sum(os.path.getsize(path) for path in paths))
+    layout = {"chunks": len(chunks), "chunk_bytes": chunk_bytes, "open_chunks": OPEN_CHUNKS,
+              "window_tokens": window_tokens}
+    return HostBatches({s: shard_stream(chunks, s, shards, tokenizer, seq_len, rows, seed, workers, window_tokens)
+                        for s in range(host, shards, hosts)}, layout)
 
 
 def _check_some_text(chunks: Sequence[Chunk], files: Sequence[str]) -> None:

@@ -79,7 +79,7 @@ class Trainer:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
         self.iterator = streaming.host_batches(
-            cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed, num_steps=cfg.train.steps,
+            cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed,
             host=jax.process_index(), hosts=jax.process_count())
         self.model = Transformer(self.config, mesh=self.mesh, attention=cfg.model.attention, remat=cfg.model.remat)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)

@@ -22,28 +22,46 @@ def corpus(tmp_path, n=200, name="a.jsonl"):
     return str(path)
 
 
+def read(chunks, open_chunks=streaming.OPEN_CHUNKS):
+    return list(streaming._RecordsIterator(streaming.grain.MapDataset.source(chunks), open_chunks))
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 97, 1000, 1 << 20])
 def test_chunks_hold_every_record_exactly_once_in_order(tmp_path, chunk_bytes):
     path = corpus(tmp_path)
     chunks = streaming.plan_chunks([path], chunk_bytes)
     assert len(chunks) == -(-len(open(path, "rb").read()) // chunk_bytes)
-    records = list(streaming._RecordsIterator(streaming.grain.MapDataset.source(chunks)))
-    assert records == list(read_records(path))
+    assert read(chunks, open_chunks=1) == list(read_records(path))
+    # Read many at once, chunks interleave: every record still once, each chunk's in file order.
+    interleaved, expected = read(chunks, open_chunks=4), list(read_records(path))
+    assert sorted(map(json.dumps, interleaved)) == sorted(map(json.dumps, expected))
+    if chunk_bytes == 1000:
+        assert interleaved != expected
+        assert interleaved[:4] == [read([c], open_chunks=1)[0] for c in chunks[:4]]
+
+
+def test_a_small_corpus_is_cut_finely_and_a_large_one_in_large_chunks(tmp_path):
+    small = corpus(tmp_path)
+    assert streaming.chunk_bytes_for([small]) == streaming.MIN_CHUNK_BYTES
+    large = tmp_path / "large.jsonl"
+    with open(large, "wb") as f:  # sparse: sized, not written
+        f.truncate(5 * streaming.CHUNK_BYTES * streaming.CORPUS_CHUNKS)
+    assert streaming.chunk_bytes_for([str(large)]) == streaming.CHUNK_BYTES
+    assert streaming.chunk_bytes_for([small, str(large)]) == streaming.CHUNK_BYTES
 
 
 def test_a_bad_record_is_named_by_file_and_line_or_by_byte_in_later_chunks(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"text": 3}\n' + '{"text": "fine"}\n' * 10 + "{oops\n")
-    read = lambda chunks: list(streaming._RecordsIterator(streaming.grain.MapDataset.source(chunks)))  # noqa: E731
     with pytest.raises(UserError, match=f"{path}:2: expected"):
         read(streaming.plan_chunks([str(path)]))
     with pytest.raises(UserError, match=rf"{path} \(line at byte 199\): not valid JSON"):
         read(streaming.plan_chunks([str(path)], 150)[1:])
 
 
-def batches(files, tok, shards=2, host=0, hosts=1, workers=0, steps=30):
+def batches(files, tok, shards=2, host=0, hosts=1, workers=0):
     data = DataConfig(files=tuple(files), seq_len=64, shards=shards, workers=workers)
-    return streaming.host_batches(data, tok, global_batch=4, seed=3, num_steps=steps, host=host, hosts=hosts)
+    return streaming.host_batches(data, tok, global_batch=4, seed=3, host=host, hosts=hosts)
 
 
 def take(iterator, n):
@@ -84,6 +102,34 @@ def test_a_restored_stream_continues_exactly(tmp_path, workers):
     assert_same(take(resumed, 9), expected)
 
 
+def test_a_restored_stream_refuses_a_changed_corpus(tmp_path):
+    tok = char_tokenizer(tmp_path)
+    path = corpus(tmp_path, 300)
+    state = batches([path], tok).get_state()
+    with open(path, "a") as f:  # a corpus that grew: the saved chunk numbers now name other bytes
+        f.write((json.dumps({"text": "more"}) + "\n") * 1000)
+    with pytest.raises(UserError, match="data files changed"):
+        batches([path], tok).set_state(state)
+
+
+def test_the_files_of_a_corpus_are_mixed_in_every_batch(tmp_path):
+    """Two sources, one of many short documents and one of few long ones (as arithmetic problems and
+    source files): rows of both in most batches, as if rows were drawn independently; not one file
+    at a time, nor a long document's rows filling a batch."""
+    tok = char_tokenizer(tmp_path)
+    short, long = tmp_path / "short.jsonl", tmp_path / "long.jsonl"
+    short.write_text("".join(json.dumps({"text": "a" * (30 + i % 10)}) + "\n" for i in range(2000)))
+    long.write_text("".join(json.dumps({"text": "b" * 3000}) + "\n" for _ in range(8)))
+    data = DataConfig(files=(str(short), str(long)), seq_len=64, shards=1, workers=0)
+    stream = streaming.host_batches(data, tok, global_batch=8, seed=0, host=0, hosts=1)
+    a, b = (tok(c)["input_ids"][0] for c in "ab")
+    has = np.array([[[(row == t).any() for t in (a, b)] for row in next(stream)["tokens"]] for _ in range(300)])
+    share_b = has[..., 1].mean()  # 16% of the rows of an epoch: 376 rows of "b" to 2000 of "a"
+    assert 0.1 < share_b < 0.3
+    both = (has[..., 0].any(1) & has[..., 1].any(1)).mean()
+    assert both > 0.6, f"{both:.0%} of batches hold both files (independent rows: {1 - (1 - share_b) ** 8:.0%})"
+
+
 def test_a_small_corpus_repeats_and_its_documents_are_served_whole(tmp_path):
     tok = char_tokenizer(tmp_path)
     path = corpus(tmp_path, 40)
@@ -117,7 +163,7 @@ import pathlib
 if __name__ == "__main__":
     tok = char_tokenizer(pathlib.Path(sys.argv[2]))
     data = DataConfig(files=(sys.argv[1],), seq_len=64, shards=1, workers=2)
-    stream = streaming.host_batches(data, tok, global_batch=4, seed=0, num_steps=10, host=0, hosts=1)
+    stream = streaming.host_batches(data, tok, global_batch=4, seed=0, host=0, hosts=1)
     if sys.argv[3] == "served":  # the workers are running
         next(stream)
     else:  # the workers are still starting (importing, unpickling the pipeline): kill as soon as they exist
