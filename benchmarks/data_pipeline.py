@@ -1,15 +1,17 @@
 """The streamed data pipeline on a large JSONL corpus: packed tokens/s and peak host memory.
 
-    python -m benchmarks.data_pipeline [--gib 2] [--small-gib 0.25] [--batches 200] [--workers 2]
+    python -m benchmarks.data_pipeline [--gib 2] [--small-gib 0.25] [--windows 8] [--workers 2]
 
 Writes corpora of `--small-gib` and `--gib` GiB of JSONL documents (made-up words of Zipf-like
-frequency, 1-9 KB each; 20,000 distinct documents cycled with distinct numbers) to a temp dir, streams `--batches` global batches of the Llama-3-8B config's shape (rows of 4096
-tokens) through `streaming.host_batches` with the SmolLM2 tokenizer, and reports, for each corpus, the
-peak resident memory of the process tree (this process and its Grain workers, sampled every 50 ms)
-and non-padding packed tokens/s. The same batch count on both corpora shows whether memory grows with
-the corpus. For scale, the tokens/s one training step of `configs/llama3_8b.py` consumes on 8 H100s,
-from the roofline model: 6 x matmul weights x 2 (SBD's two copies) FLOPs per token at an assumed 40%
-MFU of the dense BF16 peak.
+frequency, 1-9 KB each; 20,000 distinct documents cycled with distinct numbers) to a temp dir, streams
+global batches of the Llama-3-8B config's shape (rows of 4096 tokens) through `streaming.host_batches`
+with the SmolLM2 tokenizer, as many as `--windows` packing windows per worker hold (timed from the
+first batch on: the workers' first windows, packed before it, are then a small part of what is
+timed), and reports, for each corpus, the peak resident memory of the process tree (this process and
+its Grain workers, sampled every 50 ms) and non-padding packed tokens/s. The same batch count on both
+corpora shows whether memory grows with the corpus. For scale, the tokens/s one training step of
+`configs/llama3_8b.py` consumes on 8 H100s, from the roofline model: 6 x matmul weights x 2 (SBD's two
+copies) FLOPs per token at an assumed 40% MFU of the dense BF16 peak.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--small-gib", type=float, default=0.25)
-    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--windows", type=int, default=8, help="packing windows per worker to stream")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--global-batch", type=int, default=8, help="rows per batch (the 8B config's micro-batch)")
     parser.add_argument("--seq-len", type=int, default=4096)
@@ -129,7 +131,9 @@ def main() -> None:
             began = time.perf_counter()
             size = write_corpus(path, gib)
             print(f"wrote {size / (1 << 30):.2f} GiB in {time.perf_counter() - began:.0f} s", flush=True)
-            row = measure(path, tokenizer, args.batches, args.workers, args.global_batch, args.seq_len)
+            window_rows = streaming.WINDOW_TOKENS / args.seq_len
+            batches = int(np.ceil(args.windows * max(args.workers, 1) * window_rows / args.global_batch))
+            row = measure(path, tokenizer, batches, args.workers, args.global_batch, args.seq_len)
             print(row, flush=True)
             rows.append(row)
             os.remove(path)

@@ -4,11 +4,12 @@ A corpus is cut into chunks: byte ranges of JSONL files (a line belongs to the c
 `CORPUS_CHUNKS` of them within [MIN_CHUNK_BYTES, CHUNK_BYTES], or whole text files. The chunk sequence,
 shuffled anew every epoch and repeated, is dealt round-robin to `shards` streams; shard s belongs to host
 s % hosts, so a host opens only its shards' chunks, and within a shard each Grain worker process takes
-every W-th of its chunks. A stream reads `OPEN_CHUNKS` of its chunks at once, a record from each in turn,
-tokenizes the records, and packs them a window of `WINDOW_TOKENS` (at most the corpus's bytes) at a
-time: the window's documents are shuffled, packed best-fit into rows, and the rows shuffled, then
-batched. The window is what mixes a corpus whose documents are long (a source file of 18k tokens is 145
-rows of 128): every batch draws its rows from across a million tokens, whatever file each came from.
+every W-th of its chunks. A stream reads `OPEN_CHUNKS` of its chunks at once, the next record always
+from the one that has read the fewest bytes, tokenizes the records, and packs them a window of
+`WINDOW_TOKENS` (at most the corpus's bytes) at a time: the window's documents are shuffled, packed
+best-fit into rows, and the rows shuffled, then batched. The window is what mixes a corpus whose
+documents are long (a source file of 18k tokens is 145 rows of 128): it must hold many documents of
+each source, or a batch drawn from it holds one source more often than independent rows would.
 A global batch is every shard's next batch, in shard order: batches are a function of (files, seed,
 shards, workers), not of the host count, so one process given `shards=2` sees what two hosts see
 together. Host memory is bounded by the window, the open chunks' read buffers and the prefetch buffers,
@@ -49,7 +50,7 @@ MIN_CHUNK_BYTES = 4 << 10  # the smallest: a small corpus still cut below this w
 CORPUS_CHUNKS = 1024  # a corpus is cut into about this many chunks, within those bounds
 OPEN_CHUNKS = 64  # chunks read at once, their records interleaved: the reach of the shuffle across the corpus
 READ_BYTES = 64 << 10  # a chunk is read this much at a time, so open chunks hold no file handles
-WINDOW_TOKENS = 1 << 20  # documents are shuffled and packed up to this many tokens at a time (~13 MB of rows)
+WINDOW_TOKENS = 1 << 22  # documents are shuffled and packed up to this many tokens at a time (~52 MB of rows)
 
 
 class Chunk(NamedTuple):
@@ -214,7 +215,7 @@ class _PackIterator(grain.DatasetIterator):
                 d = next(self._parent)
             except StopIteration:
                 break
-            documents.append(Document(d["ids"].tolist(), d["loss_mask"].tolist()))
+            documents.append(Document(d["ids"], d["loss_mask"]))
             tokens += len(d["ids"])
         if not documents:
             raise StopIteration
