@@ -136,7 +136,8 @@ def test_evaluation_reports_ntp_and_verified_rows_before_the_validation_grid(mon
     done = markdown({"preset": "cpu", "command": "c", "provenance": {"commit": "abc"}, "machine": "m",
                      "seconds": {"distill": 0, "train": 60, "eval": 60}, "data": partial_data,
                      "evaluation": dict(results, complete=True, prompts=partial["prompts"])})
-    entries = 2 * len(results["rows"]) + len(results["validation"])
+    assert results["validation_ntp"]["mode"] == "ntp" and results["validation_ntp"]["split"] == "valid"
+    entries = 2 * len(results["rows"]) + len(results["validation"]) + 1  # + the NTP reference on validation
     assert f"evaluation {entries * 900 / 3600:.1f} h of decoding summed over its entries" in done
 
 

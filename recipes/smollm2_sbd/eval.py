@@ -166,6 +166,7 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
     for k in block_sizes:
         add_row("tuned", sbd_setting(k, VERIFY_GAMMA, verify=True))
     valid_ntp = evaluations.get("tuned", ntp, "valid")
+    results["validation_ntp"] = summary(valid_ntp, None)
     for k in block_sizes:
         for g in validation_gammas:
             results["validation"].append(summary(evaluations.get("tuned", sbd_setting(k, g), "valid"), valid_ntp))

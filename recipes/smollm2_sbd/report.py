@@ -108,11 +108,14 @@ def speed_lines(results: dict) -> list[str]:
 
 
 def decoding_seconds(results: dict) -> float:
-    """Decoding time of every evaluation entry (the milestones', the validation grid's, the test and
-    HumanEval rows'): each entry times itself, so an invocation stopped partway still counts its entries."""
+    """Decoding time of every evaluation entry (the milestones', the validation grid's and its NTP
+    reference's, the test and HumanEval rows'): each entry times itself, so an invocation stopped partway
+    still counts its entries. Results written before 2026-12-03 lack the NTP references on validation."""
     ev = results["evaluation"]
+    references = [ev["validation_ntp"]] if "validation_ntp" in ev else []
+    references += [point["ntp"] for point in results.get("trend", []) if "ntp" in point]
     return (sum(row[split]["seconds"] for row in ev["rows"] for split in ("test", "humaneval"))
-            + sum(e["seconds"] for e in ev["validation"])
+            + sum(e["seconds"] for e in ev["validation"] + references)
             + sum(point[kind]["seconds"] for point in results.get("trend", []) for kind in ("verified", "sbd")))
 
 

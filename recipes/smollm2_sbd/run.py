@@ -182,7 +182,7 @@ def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype
         evaluations = Evaluations(cache, {name: load(name, path, True, dtype)}, {"valid": valid}, sizes["max_new"],
                                   sizes["eval_batch"])
         ntp = evaluations.get(name, ntp_setting(), "valid")
-        out.append({"steps": int(step),
+        out.append({"steps": int(step), "ntp": summary(ntp, None),
                      "verified": summary(evaluations.get(name, sbd_setting(k, 1e9, verify=True), "valid"), ntp),
                      "sbd": summary(evaluations.get(name, sbd_setting(k, 0.35), "valid"), ntp)})
     return out
