@@ -236,7 +236,8 @@ class _PackIterator(grain.DatasetIterator):
 
     def set_state(self, state: dict[str, Any]) -> None:
         self._parent.set_state(state["documents"])
-        self._window, self._rows, self._served = state["window"] - 1, [], 0
+        # Window -1: none filled yet (a worker whose batches were all still unconsumed when the state was saved).
+        self._window, self._rows, self._served = max(state["window"], 0) - 1, [], 0
         if state["window"] >= 0:
             self._fill()
             self._served = state["served"]

@@ -89,12 +89,13 @@ def test_one_host_reading_two_shards_sees_what_two_hosts_see_together(tmp_path):
     assert all(np.all(np.diff(r[r > 0]) >= 0) for r in rows)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_restored_stream_continues_exactly(tmp_path, workers):
+@pytest.mark.parametrize("workers,taken", [(0, 7), (2, 7), (0, 0), (2, 1)])
+def test_a_restored_stream_continues_exactly(tmp_path, workers, taken):
+    """Also saved before any batch, or after one with two workers: the second has served nothing yet."""
     tok = char_tokenizer(tmp_path)
     files = [corpus(tmp_path, 300)]
     stream = batches(files, tok, workers=workers)
-    take(stream, 7)
+    take(stream, taken)
     state = stream.get_state()
     expected = take(stream, 9)
     resumed = batches(files, tok, workers=workers)
