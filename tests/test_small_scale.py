@@ -99,6 +99,7 @@ def test_smoke_run_writes_every_result(tmp_path):
     assert 0.0 <= results["padding_fraction"]["arithmetic"] < 0.5
     report = (tmp_path / "results.md").read_text()
     assert "## Headline" in report and results["command"] in report and "across fine-tuning budgets" in report
+    assert results["provenance"]["commit"] != "unknown" and f"at commit {results['provenance']['commit']}" in report
     for plot in ("accuracy_vs_passes.png", "loss_curves.png", "gamma0_diagnostic.png", "budget_trend.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -143,3 +144,30 @@ def test_a_longer_study_extends_the_presets_budgets_only_where_the_trunk_can_bra
     proc = subprocess.run([sys.executable, "-m", "experiments.small_scale.run", "--budgets", "600", "650"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
     assert proc.returncode == 2 and proc.stderr.startswith("error: --budgets 600 650") and "Traceback" not in proc.stderr
+
+
+def _entry(model: str, mode: str, split: str, correct: str, block_size: int = 1, gamma=None, per_pass=1.0) -> dict:
+    accuracy = correct.count("1") / len(correct)
+    return {"model": model, "mode": mode, "split": split, "block_size": block_size, "gamma": gamma,
+            "correct": correct, "accuracy": accuracy, "ci95": [accuracy, accuracy], "n": len(correct),
+            "tokens_per_pass": per_pass}
+
+
+def test_a_model_without_ntp_skill_does_not_pass_by_matching_its_own_failure():
+    """The bar is the better NTP decoding of the model's own and the NTP-only model's: SBD without the NTP
+    term (own NTP decoding 0%) at 40% is no match for NTP, while a fine-tune 1 point below its NTP is."""
+    from experiments.small_scale.report import chosen_on_validation, headline_rows
+
+    right, wrong = "1" * 100, "0" * 100
+    entries = []
+    for split in ("valid", "test"):
+        entries += [_entry("ntp", "ntp", split, right), _entry("ft_600", "ntp", split, right),
+                    _entry("sbd_no_ntp", "ntp", split, wrong),
+                    _entry("ft_600", "sbd", split, "0" + "1" * 99, 16, 0.1, 5.0),
+                    _entry("sbd_no_ntp", "sbd", split, "1" * 40 + "0" * 60, 16, 1.0, 11.8)]
+    assert chosen_on_validation(entries, "ft_600", 16)["gamma"] == 0.1
+    assert chosen_on_validation(entries, "sbd_no_ntp", 16) is None
+    rows = headline_rows({"entries": entries, "heldout_ntp_loss": {"ntp": {}, "ft_600": {}, "sbd_no_ntp": {}}})
+    ft, no_ntp = rows[2].split(" | "), rows[3].split(" | ")
+    assert ft[2] == "0.1" and ft[-1] == "yes |" and "NTP-only" not in ft[4]
+    assert no_ntp[2] == "none within 1 point" and no_ntp[-1] == "no |" and "(NTP-only's)" in no_ntp[4]

@@ -26,7 +26,7 @@ from typing import Sequence
 from experiments.small_scale.config import FULL, SMOKE, get_config, stable_steps
 from experiments.small_scale.evaluate import settings
 from sbd_jax.errors import UserError
-from sbd_jax.evaluation.results import write_json
+from sbd_jax.evaluation.results import provenance, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -166,6 +166,7 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
     headline = headline_name(sizes)
     entries += speed_entries(models[headline], headline, entries, corpus, sizes)
     results = {
+        "provenance": provenance(),  # here, not left to write_json: the report shows the commit too
         "command": "python -m experiments.small_scale.run" + (" --smoke" if args.smoke else "")
                    + (f" --budgets {' '.join(map(str, args.budgets))}" if args.budgets else "")
                    + (f" --scratch-steps {args.scratch_steps}" if args.scratch_steps is not None else ""),
