@@ -7,8 +7,8 @@ block, the pass that revealed it, and whether it was revealed alone.
 Telling the two suspects apart: if the first differences sit at a block's far positions, revealed in the
 block's first pass together with other tokens, the MATP is confident and wrong about tokens far from what
 is known (more training, or a smaller γ); if they sit near the block's start or come from later passes,
-the reveal order is the suspect. Decodes the shipped model (`models/sbd_arith`); writes
-`error_positions.json` beside this file.
+the reveal order is the suspect. Decodes the shipped model (`models/sbd_arith`) unless --model names
+another; writes `error_positions.json` beside this file unless --out names another file.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--gammas", type=float, nargs="+", default=[0.1, 0.0])
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--out", default=os.path.join(HERE, "error_positions.json"),
+                        help="where the counts go (default: beside this file, the shipped model's)")
     args = parser.parse_args()
 
     from sbd_jax.checkpoints.load import load_model
@@ -92,7 +94,7 @@ def main() -> None:
               f"{row['identical_to_ntp']} of {len(test)} identical to NTP; differences {row['kinds']}; "
               f"first differing token by block position {row['bands']}, revealed in the block's first pass "
               f"{row['revealed_in_first_pass']}, alone {row['revealed_alone']}", flush=True)
-    write_json(os.path.join(HERE, "error_positions.json"),
+    write_json(args.out,
                {"model": os.path.relpath(args.model, HERE), "command": "python -m experiments.small_scale.error_positions",
                 "bands": "first = position 0, last = k-1, early / middle / late = thirds of 1..k-2", "rows": rows})
 
