@@ -134,16 +134,12 @@ def test_a_longer_study_extends_the_presets_budgets_only_where_the_trunk_can_bra
     from experiments.small_scale.config import FULL
     from experiments.small_scale.run import model_plan, study_sizes
 
-    sizes = study_sizes(False, [6000, 600, 1200, 2400], 2400)
-    assert sizes["budgets"] == (600, 1200, 2400, 6000) and sizes["scratch_steps"] == 2400
-    assert FULL["budgets"] == (600, 1200, 2400)  # the preset itself is unchanged
+    sizes = study_sizes(False, [24000, 600, 1200], 600)
+    assert sizes["budgets"] == (600, 1200, 24000) and sizes["scratch_steps"] == 600
+    assert FULL["budgets"] == (600, 1200, 2400, 6000, 12000)  # the preset itself is unchanged
     plan = model_plan(sizes)
-    assert ("trunk", "trunk", 5400) in plan and ("ft_6000", "ft", 6000) in plan and ("sbd", "sbd", 2400) in plan
-    with pytest.raises(UserError, match="must be a multiple of the smallest one's"):
-        study_sizes(False, [600, 1000])  # 900 is no multiple of 540: the trunk keeps no state to branch from
-    proc = subprocess.run([sys.executable, "-m", "experiments.small_scale.run", "--budgets", "600", "650"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
-    assert proc.returncode == 2 and proc.stderr.startswith("error: --budgets 600 650") and "Traceback" not in proc.stderr
+    assert ("trunk", "trunk", 21600) in plan and ("ft_24000", "ft", 24000) in plan and ("sbd", "sbd", 600) in plan
+    assert ("trunk", "trunk", 10800) in model_plan(study_sizes(False))
 
 
 def _entry(model: str, mode: str, split: str, correct: str, block_size: int = 1, gamma=None, per_pass=1.0) -> dict:

@@ -17,7 +17,7 @@ SMOKE_ARCHITECTURE = dict(ARCHITECTURE, hidden_size=32, intermediate_size=64, nu
 # "trunk" run's state at 0.9 B followed by 0.1 B steps of linear decay, so every budget costs one
 # long run plus its decay, and a later, longer budget only extends the trunk.
 # The study's sizes: the full run, and a smoke run that checks every stage in minutes.
-FULL = dict(STUDY, ntp_steps=1200, scratch_steps=600, budgets=(600, 1200, 2400), batch_size=16, seq_len=128,
+FULL = dict(STUDY, ntp_steps=1200, scratch_steps=2400, budgets=(600, 1200, 2400, 6000, 12000), batch_size=16, seq_len=128,
             code_chars=500_000, heldout_code_chars=100_000, block_sizes=(4, 8, 16),
             gammas=(0.0, 0.1, 0.35, 0.6, 1.0), speed_problems=64, speed_repeats=3)
 SMOKE = dict(ntp_steps=6, scratch_steps=4, budgets=(10, 20), batch_size=4, seq_len=64, train_problems=300,
