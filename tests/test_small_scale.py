@@ -140,6 +140,11 @@ def test_a_longer_study_extends_the_presets_budgets_only_where_the_trunk_can_bra
     plan = model_plan(sizes)
     assert ("trunk", "trunk", 21600) in plan and ("ft_24000", "ft", 24000) in plan and ("sbd", "sbd", 600) in plan
     assert ("trunk", "trunk", 10800) in model_plan(study_sizes(False))
+    with pytest.raises(UserError, match="must be a multiple of the smallest one's"):
+        study_sizes(False, [600, 1000])  # 900 is no multiple of 540: the trunk keeps no state to branch from
+    proc = subprocess.run([sys.executable, "-m", "experiments.small_scale.run", "--budgets", "600", "650"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --budgets 600 650") and "Traceback" not in proc.stderr
 
 
 def _entry(model: str, mode: str, split: str, correct: str, block_size: int = 1, gamma=None, per_pass=1.0) -> dict:

@@ -1,7 +1,7 @@
 """Small-scale evidence for SBD on a CPU: tiny models trained on the same data, evaluated side by side.
 
-    python -m experiments.small_scale.run               # ~1.5 h on 2 CPU cores; writes results.{json,md}, *.png here
-    python -m experiments.small_scale.run --train-only  # the training part (resumable), ~45 min
+    python -m experiments.small_scale.run               # ~2.7 h on 2 CPU cores; writes results.{json,md}, *.png here
+    python -m experiments.small_scale.run --train-only  # the training part (resumable), ~2.2 h
     python -m experiments.small_scale.run --smoke       # about a minute: the same pipeline on toy sizes (tests run it)
 
 Trains an NTP-only model on worked-step addition chats + standard-library code, then fine-tunes it
