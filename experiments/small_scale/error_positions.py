@@ -95,7 +95,7 @@ def main() -> None:
               f"first differing token by block position {row['bands']}, revealed in the block's first pass "
               f"{row['revealed_in_first_pass']}, alone {row['revealed_alone']}", flush=True)
     write_json(args.out,
-               {"model": os.path.relpath(args.model, HERE), "command": "python -m experiments.small_scale.error_positions",
+               {"model": os.path.relpath(args.model, HERE),  # the command, flags included, is in `provenance`
                 "bands": "first = position 0, last = k-1, early / middle / late = thirds of 1..k-2", "rows": rows})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from typing import Any, Sequence
 
 from sbd_jax.evaluation.scoring import find, one, paired_difference
@@ -280,10 +281,8 @@ def plots(results: dict[str, Any], directory: str) -> None:
 
 
 def _short_label(name: str) -> str:
-    """A model's name for a crowded axis."""
-    if name.startswith("ft_"):
-        return f"fine-tuned\n{int(name[3:]):,} steps"
-    return {"ntp": "NTP-only", "sbd": "SBD from\nscratch", "sbd_no_ntp": "from scratch\nwithout NTP"}[name]
+    """A model's label wrapped for a crowded axis."""
+    return textwrap.fill(model_label(name).replace("SBD fine-tuned from NTP, ", "fine-tuned "), 11)
 
 
 def _smooth(values: list[float], window: int = 20) -> list[float]:
