@@ -16,6 +16,8 @@ def model_label(name: str) -> str:
     return {"ntp": "NTP-only", "sbd": "SBD from scratch", "sbd_no_ntp": "SBD from scratch without NTP"}[name]
 
 
+WITHIN = 0.01  # "within 1 point": the accuracy SBD may give up against NTP decoding and still count as a match
+
 
 def ntp_bar(entries: list[dict], model: str, split: str) -> dict:
     """The NTP decoding SBD must match: the better of the model's own and the NTP-only model's (a model that
@@ -30,7 +32,7 @@ def chosen_on_validation(entries: list[dict], model: str, block_size: int) -> di
     the validation split; None if no γ stays within 1 point there."""
     bar = ntp_bar(entries, model, "valid")
     within = [e for e in find(entries, model=model, mode="sbd", split="valid", block_size=block_size)
-              if e["accuracy"] >= bar["accuracy"] - 0.01]
+              if e["accuracy"] >= bar["accuracy"] - WITHIN]
     if not within:
         return None
     best = max(within, key=lambda e: e["tokens_per_pass"])
@@ -61,7 +63,7 @@ def headline_rows(results: dict) -> list[str]:
                 continue
             diff = paired_difference([c == "1" for c in best["correct"]], [c == "1" for c in bar["correct"]])
             low, high = diff["ci95"]
-            holds = best["tokens_per_pass"] >= 3 and best["accuracy"] >= bar["accuracy"] - 0.01
+            holds = best["tokens_per_pass"] >= 3 and best["accuracy"] >= bar["accuracy"] - WITHIN
             out.append(_row(model_label(model), k, best["gamma"], _pct(best), bar_cell,
                             f"{diff['difference']:+.1%} [{low:+.1%}, {high:+.1%}]", f"{best['tokens_per_pass']:.2f}",
                             "yes" if holds else "no"))
@@ -88,7 +90,7 @@ def budgets(results: dict) -> list[tuple[int, str]]:
     return sorted((int(m[3:]), m) for m in results["heldout_ntp_loss"] if m.startswith("ft_"))
 
 
-def implied_steps(steps: Sequence[int], gaps: Sequence[float], target: float = 0.01) -> float | None:
+def implied_steps(steps: Sequence[int], gaps: Sequence[float], target: float = WITHIN) -> float | None:
     """Where a power law through (steps, gap to NTP) reaches `target`: a least-squares line in log-log
     over the points with a positive gap. None without two such points or if the gap is not shrinking."""
     points = [(math.log(s), math.log(g)) for s, g in zip(steps, gaps) if g > 0]
@@ -127,7 +129,7 @@ def trend_rows(results: dict) -> list[str]:
         out.append(_row(steps, f"{ntp:.1%}", *cells))
     implied = [implied_steps([s for s, _ in trained], gaps[g]) for g in gammas]
     out.append(_row("steps for a gap ≤ 1 point (power law through the gaps; an extrapolation)", "",
-                    *("reached" if gaps[g] and gaps[g][-1] <= 0.01 else "n/a" if n is None else f"~{n:,.0f}"
+                    *("reached" if gaps[g] and gaps[g][-1] <= WITHIN else "n/a" if n is None else f"~{n:,.0f}"
                       for g, n in zip(gammas, implied))))
     return out
 
