@@ -3,6 +3,7 @@
     python sample.py --model smollm2-135m --prompt "What is 2+2?" --chat --mode ntp --max-new-tokens 64 [--json]
     python sample.py --model DIR --prompt "..." --mode sbd --gamma 0.35 --block-size 16 [--show-passes]
     python sample.py --model DIR --prompt "..." --mode sbd --verify   # exactly NTP's output (or distribution)
+    python sample.py --model smollm2-135m --prompt "..." --chat --mode sbd --verify --drafts lookup   # any model
     python sample.py --model DIR --prompts-file p.jsonl --mode sbd --verify --block-size auto   # fastest k here
     python sample.py --model DIR --prompts-file prompts.jsonl --mode sbd   # {"prompt": "..."} per line
 
@@ -19,6 +20,8 @@ import sys
 
 from sbd_jax.cli import run_cli
 from sbd_jax.errors import UserError
+from sbd_jax.settings import MODES
+from sbd_jax.verified_decoder import DRAFT_SOURCES
 
 _COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
 _CORRECTED = "7"  # reverse video: a verified run's correction of a rejected draft
@@ -30,7 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch")
     p.add_argument("--prompts-file", help='JSONL file, one {"prompt": "..."} per line, run as one batch')
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
-    p.add_argument("--mode", choices=["ntp", "sbd"], default="ntp",
+    p.add_argument("--mode", choices=MODES, default="ntp",
                    help="ntp: one token per forward; sbd: Entropy-Bounded block decoding")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=float, default=None,
@@ -46,6 +49,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "is exactly greedy NTP's (with --temperature: drawn exactly from NTP's distribution); "
                    "drafts come from one pass, so it never takes more forwards than NTP. Exact in float32; with "
                    "--dtype bfloat16, near-tied tokens can differ as they do between NTP batch sizes")
+    p.add_argument("--drafts", choices=DRAFT_SOURCES, default="sbd",
+                   help="with --verify: what proposes the drafts: sbd (the masked block; needs an SBD fine-tune), "
+                   "lookup (tokens that followed an earlier occurrence of the last 1-4 tokens in prompt + output: "
+                   "any model, no fine-tune, a k-token pass) or hybrid (lookup where the context has a match, else "
+                   "sbd)")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id; "
                    "every mode then never emits it (so --mode ntp and --verify compare exactly)")
@@ -103,11 +111,12 @@ def main(argv: list[str]) -> None:
     # with auto, block 16 only passes the checks; the measured choice replaces it after the model loads
     settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
-                        verify=args.verify, temperature=args.temperature,
+                        verify=args.verify, drafts=args.drafts, temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id)
     if auto:
-        choice = model.choose_block_size(texts, batch=len(texts), chat=args.chat, max_new_tokens=args.max_new_tokens)
+        choice = model.choose_block_size(texts, batch=len(texts), chat=args.chat, max_new_tokens=args.max_new_tokens,
+                                         drafts=args.drafts)
         print(f"[--block-size auto at batch {len(texts)}: {choice.describe()}]", file=sys.stderr)
         settings = (dataclasses.replace(settings, mode="ntp", verify=False) if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))
@@ -123,15 +132,18 @@ def main(argv: list[str]) -> None:
                 "compile_seconds": timing.compile_seconds, "batch": len(texts), "mode": settings.mode,
                 **({"gamma": settings.entropy_budget, "block_size": settings.block_size,
                     "reveal_pass": result.reveal_pass, "verify": settings.verify} if settings.mode == "sbd" else {}),
-                **({"accepted_fraction": result.accepted_fraction, "drafted": result.drafted,
-                    "accepted": result.accepted, "corrected": result.corrected} if settings.verify else {}),
+                **({"drafts": settings.drafts, "accepted_fraction": result.accepted_fraction,
+                    "drafted": result.drafted, "accepted": result.accepted, "lookup_drafted": result.lookup_drafted,
+                    "lookup_accepted": result.lookup_accepted, "corrected": result.corrected}
+                   if settings.verify else {}),
             }))
         elif args.show_passes:
             print(coloured(model.tokenizer, result.token_ids, result.reveal_pass, result.corrected))
         else:
             print(result.text)
         if not args.json and len(texts) == 1:
-            accepted = f", {result.accepted_fraction:.0%} of drafts accepted" if settings.verify else ""
+            accepted = (f", {result.accepted_fraction:.0%} of {settings.drafts} drafts accepted" if settings.verify
+                        else "")
             print(f"[{settings.mode}: {n} tokens in {result.nfe} passes ({result.tokens_per_pass:.2f} tokens/pass"
                   f"{accepted}); "
                   f"prefill {timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "

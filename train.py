@@ -18,18 +18,36 @@ flags.DEFINE_string("workdir", None, "checkpoints, metrics.jsonl and the exporte
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def main(argv: list[str]) -> None:
-    del argv
-    logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
-    from sbd_jax.errors import UserError
-    from sbd_jax.trainer import Trainer
+def innermost_message(error: BaseException) -> str:
+    """One line of an error that ml_collections wraps (AttributeError(KeyError("'stepz'\\nDid you mean...")))."""
+    while error.args and isinstance(error.args[0], BaseException):
+        error = error.args[0]
+    if isinstance(error, OSError) and "config file" in str(error):
+        return f"cannot load the --config file ({' '.join(str(error).split()[-6:])}): give a configs/*.py file"
+    text = str(error.args[0]) if error.args and isinstance(error.args[0], str) else str(error)
+    return " ".join(text.replace("\\n", " ").split())
 
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, its errors (a misspelt --config.* key, a missing config file, a bad value) as
+    one line and exit code 2 instead of a traceback or absl's exit code 1."""
     try:
-        Trainer(flags.FLAGS.config, flags.FLAGS.workdir).run()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        rest = flags.FLAGS(argv)
+        flags.FLAGS.config.to_dict()  # the file loads lazily: a missing or broken one fails on first use
+        return rest
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+        print(f"error: {innermost_message(e)}", file=sys.stderr)
         sys.exit(2)
 
 
+def main(argv: list[str]) -> None:
+    del argv
+    logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
+    from sbd_jax.cli import run_cli
+    from sbd_jax.trainer import Trainer
+
+    run_cli(lambda _: Trainer(flags.FLAGS.config, flags.FLAGS.workdir).run(), [])
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -5,6 +5,7 @@
     model = sbd_jax.load("smollm2-135m")  # a known name, a Hugging Face directory or a .gguf file
     (out,) = model.generate(["What is 2+2?"], chat=True, max_new_tokens=64)  # NTP
     outs = model.generate(prompts, mode="sbd", block_size=8, verify=True, max_new_tokens=64)
+    outs = model.generate(prompts, mode="sbd", block_size=8, verify=True, drafts="lookup")  # any model
     outs[0].text, outs[0].token_ids, outs[0].nfe
     choice = model.choose_block_size(prompts, batch=8)  # verified SBD's fastest k here (1: NTP)
 
@@ -65,14 +66,15 @@ class SBDModel:
 
     def choose_block_size(self, prompts: str | Sequence[str], batch: int, *, chat: bool = False,
                           block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
-                          calibration_tokens: int = 64) -> BlockChoice:
+                          calibration_tokens: int = 64, drafts: str = "sbd") -> BlockChoice:
         """The block size at which verified SBD decodes fastest at `batch` rows generating up to
         `max_new_tokens` on this machine (1: NTP), by the rule of `sbd_jax.block_choice`: tokens per
         forward measured on the first `calibration_tokens` of greedy verified decoding of `prompts` (a few
-        like those to be served), bare forwards timed here. Its `describe()` says what it measured."""
+        like those to be served), bare forwards timed here, for the draft source `drafts` (sbd, lookup,
+        hybrid). Its `describe()` says what it measured."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes, max_new_tokens,
-                                    calibration_tokens)
+                                    calibration_tokens, drafts=drafts)
 
 
 def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None) -> SBDModel:

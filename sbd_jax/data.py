@@ -36,8 +36,24 @@ class Packed(NamedTuple):
     loss_mask: np.ndarray
 
 
+JSONL_SUFFIXES = (".jsonl", ".json")  # one record per line (any letter case); any other file is one text record
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst", ".zip", ".lz4")
+
+
+def is_jsonl(path: str) -> bool:
+    return path.lower().endswith(JSONL_SUFFIXES)
+
+
+def check_data_file(path: str) -> None:
+    """Refuses a compressed file: streamed chunks are byte ranges of the file as it lies on disk."""
+    if path.lower().endswith(COMPRESSED_SUFFIXES):
+        raise UserError(f"{path} is compressed: training reads byte ranges of plain .jsonl / text files; "
+                        "decompress it first (e.g. gunzip -k)")
+
+
 def expand_paths(patterns: Sequence[str]) -> list[str]:
-    """Files named by paths or glob patterns, sorted; a pattern matching nothing is an error."""
+    """Files named by paths or glob patterns, sorted; a pattern matching nothing, or a compressed file, is an
+    error."""
     files: list[str] = []
     for pattern in patterns:
         matched = sorted(glob.glob(os.path.expanduser(pattern), recursive=True))
@@ -46,13 +62,15 @@ def expand_paths(patterns: Sequence[str]) -> list[str]:
         files.extend(f for f in matched if os.path.isfile(f))
     if not files:
         raise UserError("no data files: set config.data.files to JSONL or text files")
+    for path in files:
+        check_data_file(path)
     return files
 
 
 def read_records(path: str) -> Iterator[dict[str, Any]]:
     """Records of one file: each JSONL line (`text`, `messages`, or `prompt` + `completion`), or a whole
     text file as one `text`."""
-    if not path.endswith((".jsonl", ".json")):
+    if not is_jsonl(path):
         yield from text_file_record(path)
         return
     for number, record in iter_jsonl(path):
@@ -60,9 +78,13 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
 
 
 def text_file_record(path: str) -> Iterator[dict[str, Any]]:
-    """A plain text file as one `text` record (none if it holds only whitespace)."""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        text = f.read()
+    """A plain text file as one `text` record (none if it holds only whitespace); not UTF-8: an error."""
+    check_data_file(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path} is not UTF-8 text (byte {e.start}): give .jsonl records or plain text files") from None
     if text.strip():
         yield {"text": text}
 

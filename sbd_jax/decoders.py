@@ -5,7 +5,8 @@ KV cache, one algorithm per class: `NTPDecoder` here, `SBDDecoder` (Entropy-Boun
 Counting convention, shared by every mode: the prompt minus its last token is prefilled, so NTP's
 first forward feeds the last prompt token and SBD's first pass commits it. Every forward after
 prefill is one pass of `nfe`; NTP has `nfe == new_tokens`. Rows of a batch keep their own cache
-lengths, pass counts and EOS; tokens after a row's first EOS are dropped. Settings that may change
+lengths, pass counts and EOS; tokens after a row's first EOS are dropped. Every `decode` takes the
+right-padded prompt too (only lookup drafts read it). Settings that may change
 between calls without a recompile (`Knobs`: γ) are an argument of `decode`, never fields of the hashed
 decoder; every decoder takes them, and those that have no use for them ignore them.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 from typing import Any
 
@@ -41,6 +43,8 @@ class DecodeOutput:
     corrected: jax.Array  # [B, N] verified mode: the token is NTP's correction of a rejected draft
     drafted: jax.Array  # [B] verified mode: drafted tokens submitted for verification
     accepted: jax.Array  # [B] verified mode: of those, accepted
+    lookup_drafted: jax.Array  # [B] verified mode: of the drafted tokens, those prompt lookup proposed
+    lookup_accepted: jax.Array  # [B] verified mode: of those, accepted
 
 
 def kept_through_eos(is_eos_BK: jax.Array, limit_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -51,20 +55,35 @@ def kept_through_eos(is_eos_BK: jax.Array, limit_B: jax.Array) -> tuple[jax.Arra
     return jnp.minimum(eos_at + 1, limit_B), eos_at < limit_B
 
 
+def check_whole_number(name: str, value: object, minimum: int) -> None:
+    """Raises UserError unless `value` is an int (not a bool) >= `minimum`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
+
+
+def check_flag(name: str, value: object) -> None:
+    """Raises UserError unless `value` is True or False (a string such as "no" would read as True)."""
+    if not isinstance(value, bool):
+        raise UserError(f"{name}={value!r} must be True or False")
+
+
+def is_finite_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+
+
 def check_decoding_options(max_new_tokens: int, temperature: float, top_p: float) -> None:
-    """Raises UserError for settings no decoder accepts (callable before any model is loaded)."""
-    if max_new_tokens < 1:
-        raise UserError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    if temperature < 0:
-        raise UserError(f"temperature={temperature} must be >= 0 (0 = greedy)")
-    if not 0.0 < top_p <= 1.0:
-        raise UserError(f"top_p={top_p} must be in (0, 1]")
+    """Raises UserError for settings no decoder accepts (callable before any model is loaded). NaN and
+    infinity are refused: T = inf makes every logit 0 (the mask token among them), NaN every draw token 0."""
+    check_whole_number("max_new_tokens", max_new_tokens, 1)
+    if not is_finite_number(temperature) or temperature < 0:
+        raise UserError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy)")
+    if not is_finite_number(top_p) or not 0.0 < top_p <= 1.0:
+        raise UserError(f"top_p={top_p!r} must be a number in (0, 1]")
 
 
 def check_block_size(block_size: int) -> None:
     """Raises UserError for a block size that cannot work (callable before any model is loaded)."""
-    if block_size < 1:
-        raise UserError(f"block_size={block_size} must be >= 1")
+    check_whole_number("block_size", block_size, 1)
 
 
 def check_proxy(proxy: str) -> None:
@@ -146,9 +165,10 @@ class NTPDecoder(Decoder):
     """Causal next-token decoding: one token per forward."""
 
     @functools.partial(jax.jit, static_argnames=("self",))
-    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array,
-               knobs: Knobs) -> DecodeOutput:
-        """Generates up to `max_new_tokens` per row, one forward each, stopping rows at EOS."""
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+               prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
+        """Generates up to `max_new_tokens` per row, one forward each, stopping rows at EOS (the prompt is
+        unused: only lookup drafts read it)."""
         model = Transformer(self.config)
         batch = last_token_B.shape[0]
 
@@ -169,4 +189,5 @@ class NTPDecoder(Decoder):
         return DecodeOutput(
             tokens=final.tokens, num_tokens=final.count, nfe=final.count,
             reveal_pass=jnp.broadcast_to(jnp.arange(1, self.max_new_tokens + 1), final.tokens.shape),
-            corrected=jnp.zeros(final.tokens.shape, bool), drafted=zeros, accepted=zeros)
+            corrected=jnp.zeros(final.tokens.shape, bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
+            lookup_accepted=zeros)

@@ -26,6 +26,8 @@ class Generation(NamedTuple):
     corrected: list[bool] = []  # verified SBD: per token, NTP's correction of a rejected draft
     drafted: int = 0  # verified SBD: drafted tokens submitted for verification
     accepted: int = 0  # verified SBD: of those, accepted
+    lookup_drafted: int = 0  # verified: of the drafted tokens, those prompt lookup proposed
+    lookup_accepted: int = 0  # verified: of those, accepted
     text: str = ""  # the decoded token ids (special tokens skipped), where a tokenizer was at hand
 
     @property
@@ -130,7 +132,8 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     def lower_decode() -> Any:  # traced only when it must compile: the cache's shapes come from prefill
         cache_shape, last_shape = jax.eval_shape(functools.partial(prefill_fn, decoder, capacity=capacity),
                                                  *prefill_args)
-        return type(decoder).decode.lower(decoder, params, cache_shape, last_shape, jax.random.key(seed), knobs)
+        return type(decoder).decode.lower(decoder, params, cache_shape, last_shape, jax.random.key(seed), knobs,
+                                          *prefill_args[1:])
 
     decode = executables.get(("decode", decoder, tokens.shape, capacity), lower_decode)
     compile_seconds = time.perf_counter() - start
@@ -139,7 +142,7 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     cache, last = jax.block_until_ready(prefill(*prefill_args))
     prefill_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(decode(params, cache, last, jax.random.key(seed), knobs))
+    out = jax.block_until_ready(decode(params, cache, last, jax.random.key(seed), knobs, *prefill_args[1:]))
     decode_seconds = time.perf_counter() - start
     out = jax.tree.map(np.asarray, out)
     results = []
@@ -147,7 +150,8 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
         n = int(out.num_tokens[b])
         results.append(Generation(token_ids=out.tokens[b, :n].tolist(), nfe=int(out.nfe[b]),
                                   reveal_pass=out.reveal_pass[b, :n].tolist(), corrected=out.corrected[b, :n].tolist(),
-                                  drafted=int(out.drafted[b]), accepted=int(out.accepted[b])))
+                                  drafted=int(out.drafted[b]), accepted=int(out.accepted[b]),
+                                  lookup_drafted=int(out.lookup_drafted[b]), lookup_accepted=int(out.lookup_accepted[b])))
     return results, BatchTiming(compile_seconds, prefill_seconds, decode_seconds)
 
 

@@ -28,9 +28,14 @@ class BlockDecoder(Decoder):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_block_size(self.block_size)
-        if self.config.mask_token_id is None:
-            raise UserError("this model has no mask token configured, so it cannot decode blocks: fine-tune it "
-                            "with train.py (which sets one) or pass --mask-token-id")
+        if self.config.mask_token_id is None and self.needs_mask_token:
+            raise UserError(self.needs_mask_token)
+
+    @property
+    def needs_mask_token(self) -> str | None:
+        """Why this decoder needs the model's mask token (the error without one), or None if it does not."""
+        return ("this model has no mask token configured, so it cannot decode blocks: fine-tune it with train.py "
+                "(which sets one) or pass --mask-token-id")
 
     def first_pass(self, params: Any, cache: KVCache, pending_BK: jax.Array, pending_count_B: jax.Array,
                    block_BK: jax.Array, causal_logits: bool) -> tuple[jax.Array | None, jax.Array, NewKV]:
@@ -148,9 +153,9 @@ class SBDDecoder(BlockDecoder):
             lambda s: reveal(s, self.refine_pass(params, cache, s.block), True), first)
 
     @functools.partial(jax.jit, static_argnames=("self",))
-    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array,
-               knobs: Knobs) -> DecodeOutput:
-        """Decodes block after block until every row hit EOS or `max_new_tokens`."""
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+               prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
+        """Decodes block after block until every row hit EOS or `max_new_tokens` (the prompt is unused)."""
         k, batch = self.block_size, last_token_B.shape[0]
         mask_id = self.config.mask_token_id
 
@@ -183,4 +188,5 @@ class SBDDecoder(BlockDecoder):
                            done=jnp.zeros((batch,), bool))
         final = jax.lax.while_loop(lambda s: (s.index < self.num_blocks) & ~jnp.all(s.done), block_body, init)
         return DecodeOutput(tokens=final.tokens, num_tokens=final.count, nfe=final.nfe, reveal_pass=final.passes,
-                            corrected=jnp.zeros(final.tokens.shape, bool), drafted=zeros, accepted=zeros)
+                            corrected=jnp.zeros(final.tokens.shape, bool), drafted=zeros, accepted=zeros,
+                            lookup_drafted=zeros, lookup_accepted=zeros)

@@ -6,10 +6,10 @@ import dataclasses
 from typing import Any
 
 from sbd_jax.decoders import (DEFAULT_GAMMA, Decoder, NTPDecoder, check_block_size, check_decoding_options,
-                              check_gamma, check_proxy)
+                              check_flag, check_gamma, check_proxy)
 from sbd_jax.errors import UserError
 from sbd_jax.sbd_decoder import SBDDecoder
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder, check_draft_source
 
 MODES = ("ntp", "sbd")
 
@@ -25,6 +25,8 @@ class Settings:
     gamma: float | None = None  # sbd: entropy budget per pass (None: 0.35); not with verify
     proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
+    drafts: str = "sbd"  # verify: what proposes the drafts: sbd (the masked block), lookup (n-grams of the
+    # context: no fine-tune, no mask token needed) or hybrid (lookup where the context has a match, else sbd)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
 
@@ -32,14 +34,19 @@ class Settings:
         if self.mode not in MODES:
             raise UserError(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
         check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
+        check_flag("verify", self.verify)
+        check_draft_source(self.drafts)
+        if self.drafts != "sbd" and not self.verify:
+            raise UserError(f"drafts {self.drafts!r} (--drafts) are proposals for verification: add verify "
+                            "(--mode sbd --verify)")
         if self.verify and self.mode != "sbd":
             raise UserError("verify (--verify) checks SBD's drafts: use it with mode 'sbd' (--mode sbd)")
         if self.verify and self.gamma is not None:
             raise UserError("gamma (--gamma) has no effect with verify (--verify): drafts come from one pass and "
                             "verification decides what is kept; drop gamma, or drop verify for Entropy-Bounded "
                             "decoding")
+        check_block_size(self.block_size)
         if self.mode == "sbd":
-            check_block_size(self.block_size)
             check_proxy(self.proxy)
         if self.gamma is not None:
             check_gamma(self.gamma)
@@ -56,5 +63,5 @@ class Settings:
         if self.mode == "ntp":
             return NTPDecoder(config, **common)
         if self.verify:
-            return VerifiedSBDDecoder(config, block_size=self.block_size, **common)
+            return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts, **common)
         return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)

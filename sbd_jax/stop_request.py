@@ -10,13 +10,23 @@ from typing import Any
 import jax
 import numpy as np
 
+from sbd_jax.errors import UserError
+
+
+class Stopped(UserError):
+    """SIGTERM where no finished step is left unsaved: the run ends now (one line, exit code 2)."""
+
 
 class StopRequest:
     """While entered, SIGTERM sets `requested` instead of ending the process (the previous handler is
-    restored on exit). Outside the main thread no handler can be installed, and it never fires."""
+    restored on exit), so the loop can save the steps it finished. With nothing to save (`unsaved` False:
+    no step since the last checkpoint, e.g. still waiting for the first batch) or on a second SIGTERM, it
+    raises `Stopped` at once instead: a run that never reaches a step still ends within seconds.
+    Outside the main thread no handler can be installed, and it never fires."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.unsaved = False  # the loop sets it after a step and clears it after a checkpoint
         self._previous: Any = None
 
     def __enter__(self) -> "StopRequest":
@@ -30,6 +40,8 @@ class StopRequest:
             self._previous = None
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested or not self.unsaved:
+            raise Stopped("stopped by SIGTERM" + (" again" if self.requested else " with no unsaved step"))
         self.requested = True
 
     def agreed(self, at_sync_point: bool) -> bool:

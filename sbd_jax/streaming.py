@@ -38,6 +38,7 @@ from sbd_jax.data import (
     Packed,
     checked_record,
     expand_paths,
+    is_jsonl,
     pack,
     text_file_record,
     tokenize,
@@ -61,13 +62,14 @@ class Chunk(NamedTuple):
     end: int
 
 
-def chunk_bytes_for(files: Sequence[str]) -> int:
-    """The chunk size for a corpus: `CORPUS_CHUNKS` chunks of it, within [MIN_CHUNK_BYTES, CHUNK_BYTES].
+def chunk_bytes_for(files: Sequence[str], streams: int = 1) -> int:
+    """The chunk size for a corpus: `CORPUS_CHUNKS` chunks of it, within [MIN_CHUNK_BYTES, CHUNK_BYTES],
+    and small enough that each of `streams` (shards x workers) gets at least one chunk.
 
     Why it scales with the corpus: a file smaller than a chunk would be one chunk, read start to end,
     and a two-file corpus of a few MB would be read one file at a time (every batch from one file)."""
-    total = sum(os.path.getsize(path) for path in files if path.endswith((".jsonl", ".json")))
-    return int(np.clip(total // CORPUS_CHUNKS, MIN_CHUNK_BYTES, CHUNK_BYTES))
+    total = sum(os.path.getsize(path) for path in files if is_jsonl(path))
+    return int(min(np.clip(total // CORPUS_CHUNKS, MIN_CHUNK_BYTES, CHUNK_BYTES), max(total // streams, 1)))
 
 
 def plan_chunks(files: Sequence[str], chunk_bytes: int | None = None) -> list[Chunk]:
@@ -75,7 +77,7 @@ def plan_chunks(files: Sequence[str], chunk_bytes: int | None = None) -> list[Ch
     chunk_bytes = chunk_bytes or chunk_bytes_for(files)
     chunks = []
     for path in files:
-        if not path.endswith((".jsonl", ".json")):
+        if not is_jsonl(path):
             chunks.append(Chunk(path, 0, -1))
             continue
         size = os.path.getsize(path)
@@ -83,46 +85,68 @@ def plan_chunks(files: Sequence[str], chunk_bytes: int | None = None) -> list[Ch
     return chunks
 
 
+def epoch_order(num_chunks: int, seed: int, epoch: int) -> np.ndarray:
+    """The chunk numbers of an epoch, shuffled anew every epoch."""
+    return np.random.default_rng([seed, epoch]).permutation(num_chunks)
+
+
 class _Records(grain.IterDataset):
-    """The records of a sequence of chunks (its parent, a MapDataset), `open_chunks` chunks read at once.
+    """The records of a shard's chunks, epoch after epoch, `open_chunks` chunks read at once.
 
-    Grain's worker processes divide the chunks between them by slicing this dataset (`set_slice`)."""
+    Epoch e's chunks are `epoch_order(e)[shard::shards]`: shards are disjoint within an epoch, and a
+    shard reads each of its chunks once before the next epoch opens any (so a shard of few chunks never
+    reads copies of one chunk side by side). After each epoch comes a marker, `{"epoch_end": e}`, where
+    the packer ends its window. Grain's worker processes divide each epoch's chunks between them by
+    slicing this dataset (`set_slice`). `seed` None: the chunks in their order, for one epoch only."""
 
-    def __init__(self, chunks: grain.MapDataset, open_chunks: int = OPEN_CHUNKS):
-        super().__init__(chunks)
-        self._chunks, self._open_chunks = chunks, open_chunks
+    def __init__(self, chunks: Sequence[Chunk], seed: int | None, shard: int = 0, shards: int = 1,
+                 open_chunks: int = OPEN_CHUNKS):
+        super().__init__()
+        self._chunks, self._seed, self._shard, self._shards = list(chunks), seed, shard, shards
+        self._open_chunks, self._slice = open_chunks, slice(None)
 
     def set_slice(self, sl: slice, sequential_slice: bool = False) -> None:
         del sequential_slice
-        self._chunks = self._chunks[sl]
+        self._slice = sl
+
+    def epoch_chunks(self, epoch: int) -> list[Chunk] | None:
+        """This stream's chunks in `epoch`, in reading order (None: no such epoch)."""
+        if self._seed is None:
+            return list(self._chunks[self._slice]) if epoch == 0 else None
+        order = epoch_order(len(self._chunks), self._seed, epoch)[self._shard::self._shards][self._slice]
+        return [self._chunks[i] for i in order]
 
     def __iter__(self) -> "_RecordsIterator":
-        return _RecordsIterator(self._chunks, self._open_chunks)
+        return _RecordsIterator(self.epoch_chunks, self._open_chunks)
 
 
 class _RecordsIterator(grain.DatasetIterator):
     """Records from the `open_chunks` chunks being read, each taken from the one that has read the fewest
     bytes so far, so that every part of the corpus is read at the rate of its share of the bytes; an
-    exhausted chunk is replaced by the sequence's next. Each chunk's records come in file order.
-    (Taking a record from each chunk in turn instead would read a chunk of long documents ahead of the
-    others, a bias as large as the window.)
+    exhausted chunk is replaced by the epoch's next, and once the epoch's last is exhausted the marker
+    comes. Each chunk's records come in file order. (Taking a record from each chunk in turn instead
+    would read a chunk of long documents ahead of the others, a bias as large as the window.)
 
-    State: the next chunk to open, and per open chunk its number, the byte offset of its next line (-1:
-    not started), the bytes and lines it has read (the lines for error messages)."""
+    State: the epoch, its next chunk to open, and per open chunk its number in the epoch, the byte
+    offset of its next line (-1: not started), the bytes and lines it has read (lines for error messages)."""
 
-    def __init__(self, chunks: grain.MapDataset, open_chunks: int = OPEN_CHUNKS):
+    def __init__(self, epoch_chunks, open_chunks: int = OPEN_CHUNKS):
         super().__init__()
-        self._chunks, self._open_chunks = chunks, open_chunks
-        self.set_state({"next": 0, "open": []})
+        self._epoch_chunks, self._open_chunks = epoch_chunks, open_chunks
+        self.set_state({"epoch": 0, "next": 0, "open": []})
 
     def __next__(self) -> dict[str, Any]:
         while True:
+            if self._chunks is None:
+                raise StopIteration
             while len(self._open) < self._open_chunks and self._next < len(self._chunks):
                 self._open.append({"chunk": self._next, "offset": -1, "read": 0, "line": 0})
                 self._readers.append(None)
                 self._next += 1
             if not self._open:
-                raise StopIteration
+                ended = self._epoch
+                self.set_state({"epoch": ended + 1, "next": 0, "open": []})
+                return {"epoch_end": ended}
             turn = min(range(len(self._open)), key=lambda i: self._open[i]["read"])
             if self._readers[turn] is None:
                 cursor = self._open[turn]
@@ -172,10 +196,11 @@ class _RecordsIterator(grain.DatasetIterator):
                     yield checked_record(record, where)
 
     def get_state(self) -> dict[str, Any]:
-        return {"next": self._next, "open": [dict(cursor) for cursor in self._open]}
+        return {"epoch": self._epoch, "next": self._next, "open": [dict(cursor) for cursor in self._open]}
 
     def set_state(self, state: dict[str, Any]) -> None:
-        self._next = state["next"]
+        self._epoch, self._next = state["epoch"], state["next"]
+        self._chunks = self._epoch_chunks(self._epoch)
         self._open = [dict(cursor) for cursor in state["open"]]
         self._readers: list[Iterator[dict[str, Any]] | None] = [None] * len(self._open)
 
@@ -187,21 +212,21 @@ def _as_arrays(document: Document) -> dict[str, np.ndarray]:
 class _Pack(grain.IterDataset):
     """Rows of `seq_len` packed from a stream of documents (`{"ids", "loss_mask"}` arrays), a window at a time."""
 
-    def __init__(self, documents: grain.IterDataset, seq_len: int, seed: int, window_tokens: int):
+    def __init__(self, documents: grain.IterDataset, seq_len: int, seed: int, window_tokens: int, shard: int = 0):
         super().__init__(documents)
-        self._seq_len, self._seed, self._window_tokens = seq_len, seed, window_tokens
+        self._seq_len, self._seed, self._window_tokens, self._shard = seq_len, seed, window_tokens, shard
 
     def __iter__(self) -> "_PackIterator":
-        return _PackIterator(self._parent.__iter__(), self._seq_len, self._seed, self._window_tokens)
+        return _PackIterator(self._parent.__iter__(), self._seq_len, self._seed, self._window_tokens, self._shard)
 
 
 class _PackIterator(grain.DatasetIterator):
     """State: the documents' iterator state where the current window began, the window's number, and
     how many of its rows were served; restoring re-reads and re-packs that window (deterministic)."""
 
-    def __init__(self, documents: grain.DatasetIterator, seq_len: int, seed: int, window_tokens: int):
+    def __init__(self, documents: grain.DatasetIterator, seq_len: int, seed: int, window_tokens: int, shard: int):
         super().__init__(documents)
-        self._seq_len, self._seed, self._window_tokens = seq_len, seed, window_tokens
+        self._seq_len, self._seed, self._window_tokens, self._shard = seq_len, seed, window_tokens, shard
         self._window, self._served, self._start = -1, 0, documents.get_state()
         self._rows: list[dict[str, np.ndarray]] = []
 
@@ -209,12 +234,21 @@ class _PackIterator(grain.DatasetIterator):
         self._start = self._parent.get_state()
         self._window += 1
         self._served = 0
-        documents, tokens = [], 0
-        while tokens < self._window_tokens:
+        documents, tokens, empty_epoch = [], 0, False
+        while tokens < self._window_tokens:  # a window never spans two epochs
             try:
                 d = next(self._parent)
             except StopIteration:
                 break
+            if "epoch_end" in d:
+                if documents:
+                    break
+                if empty_epoch:  # a whole epoch of this stream went by without a document
+                    raise UserError(f"an epoch of data shard {self._shard}'s records tokenized to nothing: give "
+                                    "records with text (or chats with assistant turns), or fewer data.shards / "
+                                    "data.workers")
+                empty_epoch = True
+                continue
             documents.append(Document(d["ids"], d["loss_mask"]))
             tokens += len(d["ids"])
         if not documents:
@@ -243,18 +277,21 @@ class _PackIterator(grain.DatasetIterator):
             self._served = state["served"]
 
 
-def _encode(record: dict[str, Any], tokenizer: Any) -> dict[str, np.ndarray]:
-    return _as_arrays(tokenize(record, tokenizer))
+def _encode(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
+    return record if "epoch_end" in record else _as_arrays(tokenize(record, tokenizer))
+
+
+def _kept(document: dict[str, Any]) -> bool:
+    return "epoch_end" in document or len(document["ids"]) > 0
 
 
 def shard_stream(chunks: Sequence[Chunk], shard: int, shards: int, tokenizer: Any, seq_len: int,
                  rows: int, seed: int, workers: int, window_tokens: int) -> grain.IterDataset:
-    """Endless batches of `rows` packed rows of one shard: every `shards`-th chunk of the epoch-shuffled,
-    endlessly repeated chunk sequence (lazy: Grain computes the chunk at an index when it is read)."""
-    sequence = grain.MapDataset.source(list(chunks)).shuffle(seed=seed).repeat(None)[shard::shards]
-    documents = _Records(sequence).map(functools.partial(_encode, tokenizer=tokenizer)).filter(
-        lambda d: len(d["ids"]) > 0)
-    batches = _Pack(documents, seq_len, seed * 1_000_003 + shard, window_tokens).batch(rows)
+    """Endless batches of `rows` packed rows of one shard: its chunks of each epoch (`_Records`), packed a
+    window at a time, windows ending where epochs do."""
+    documents = _Records(chunks, seed, shard, shards).map(functools.partial(_encode, tokenizer=tokenizer)).filter(
+        _kept)
+    batches = _Pack(documents, seq_len, seed * 1_000_003 + shard, window_tokens, shard).batch(rows)
     if workers:
         if not flags.FLAGS.is_parsed():  # Grain's workers read absl flags; train.py parses them, a library user may not
             flags.FLAGS.mark_as_parsed()
@@ -309,11 +346,16 @@ class HostBatches:
 
     def set_state(self, state: bytes) -> None:
         saved = json.loads(state)
-        if saved.get("layout") != self._layout:
-            raise UserError(f"the checkpoint's data position is in a stream laid out as {saved.get('layout')}, "
-                            f"this run's is {self._layout} (the data files changed, or the version of sbd_jax "
-                            "that wrote it chunked or packed differently): resume with the same files and "
-                            "version, or start a new run")
+        layout = saved.get("layout") or {}
+        changed = [key for key, value in self._layout.items() if layout.get(key) != value]
+        described = ", ".join(f"{key} {layout.get(key)} -> {self._layout[key]}" for key in changed)
+        if changed and set(changed) <= {"seq_len", "rows_per_shard"}:
+            raise UserError(f"the checkpoint was trained with other batch shapes ({described}): resume with its "
+                            "data.seq_len and train.batch_size, or start a new run (another --workdir)")
+        if changed:
+            raise UserError(f"the checkpoint's data position is in a stream laid out otherwise ({described}): the "
+                            "data files changed, or the version of sbd_jax that wrote it chunked or packed "
+                            "differently; resume with the same files and version, or start a new run")
         states = saved["shards"]
         if sorted(states) != sorted(map(str, self._iterators)):
             raise UserError(f"the checkpoint's data state is for shards {sorted(states)}, this host reads "
@@ -346,25 +388,39 @@ def host_batches(data: DataConfig, tokenizer: Any, *, global_batch: int, seed: i
     if global_batch % shards:
         raise UserError(f"batch_size={global_batch} is not divisible by data.shards={shards} (default: the number of hosts)")
     paths = expand_paths(files)
-    chunk_bytes = chunk_bytes_for(paths)
+    streams = shards * max(workers, 1)
+    chunk_bytes = chunk_bytes_for(paths, streams)
     chunks = plan_chunks(paths, chunk_bytes)
-    _check_some_text(chunks, files)
+    if len(chunks) < streams:
+        raise UserError(f"the data files are cut into {len(chunks)} chunks, fewer than the {streams} streams that read "
+                        f"them (data.shards={shards} x data.workers={workers}): every stream needs chunks of its own "
+                        "each epoch; lower data.workers (0 reads in the training process) or add data")
+    _check_trainable(chunks, tokenizer)
     rows = global_batch // shards
     # A window longer than the corpus (a token is seldom less than a byte of it) would mix nothing more.
     window_tokens = min(WINDOW_TOKENS, sum(os.path.getsize(path) for path in paths))
     layout = {"chunks": len(chunks), "chunk_bytes": chunk_bytes, "open_chunks": OPEN_CHUNKS,
-              "window_tokens": window_tokens}
+              "window_tokens": window_tokens, "epochs": "per shard", "seq_len": seq_len, "rows_per_shard": rows}
     return HostBatches({s: shard_stream(chunks, s, shards, tokenizer, seq_len, rows, seed, workers, window_tokens)
                         for s in range(host, shards, hosts)}, layout)
 
 
-def _check_some_text(chunks: Sequence[Chunk], files: Sequence[str]) -> None:
-    """Fails early (and stops an endless search over empty epochs) when no file holds a record."""
-    for chunk in chunks:
-        iterator = _RecordsIterator(grain.MapDataset.source([chunk]))
-        if any(True for _ in iterator):
+def _check_trainable(chunks: Sequence[Chunk], tokenizer: Any) -> None:
+    """Fails before training (where the stream would search endless epochs for a document) unless some
+    record of the corpus has a token that carries loss; reads no further than the first such record."""
+    files = sorted({chunk.path for chunk in chunks})
+    records = 0
+    for record in _Records(chunks, seed=None):
+        if "epoch_end" in record:
+            break
+        records += 1
+        if any(tokenize(record, tokenizer).loss_mask):
             return
-    raise UserError(f"the data files {list(files)} hold no text")
+    if not records:
+        raise UserError(f"the data files {files} hold no text")
+    raise UserError(f"none of the {records} records of {files} has a token that carries loss (records that "
+                    "tokenize to nothing, such as {\"messages\": []}, or chats without assistant turns are "
+                    "skipped): give records with text, a completion or assistant turns")
 
 
 def check_batch(host_batch: dict[str, np.ndarray], mask_id: int | None, step: int) -> dict[str, np.ndarray]:

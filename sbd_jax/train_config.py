@@ -24,8 +24,15 @@ def _one_of(name: str, value: Any, allowed: tuple) -> None:
 
 
 def _at_least(name: str, value: float, low: float, why: str = "") -> None:
-    if value < low:
+    if not value >= low:  # NaN too
         raise UserError(f"config {name}={value} must be >= {low}{f' ({why})' if why else ''}")
+
+
+def _in_range(name: str, value: float, low: float, high: float, low_open: bool = False, why: str = "") -> None:
+    """`value` in [low, high) ((low, high) with `low_open`); NaN and infinity are never in range."""
+    if not (low < value < high if low_open else low <= value < high):
+        bounds = f"{'(' if low_open else '['}{low}, {high})"
+        raise UserError(f"config {name}={value} must be in {bounds}{f' ({why})' if why else ''}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,12 +134,20 @@ class OptimizerConfig:
     b2: float = 0.95
     eps: float = 1e-8
     weight_decay: float = 0.1
-    clip_norm: float = 1.0
+    clip_norm: float = 1.0  # 0: no clipping
 
     def __post_init__(self) -> None:
         _one_of("optimizer.schedule", self.schedule, ("cosine", "wsd"))
+        _in_range("optimizer.lr", self.lr, 0.0, float("inf"), low_open=True, why="the peak learning rate")
         _at_least("optimizer.warmup_steps", self.warmup_steps, 0)
         _at_least("optimizer.decay_steps", self.decay_steps, 0)
+        _in_range("optimizer.final_lr_ratio", self.final_lr_ratio, 0.0, 1.0 + 1e-12, why="of the peak lr")
+        _in_range("optimizer.b1", self.b1, 0.0, 1.0)
+        _in_range("optimizer.b2", self.b2, 0.0, 1.0)
+        _in_range("optimizer.eps", self.eps, 0.0, float("inf"), low_open=True)
+        _in_range("optimizer.weight_decay", self.weight_decay, 0.0, float("inf"))
+        if not (self.clip_norm > 0 or self.clip_norm == 0):
+            raise UserError(f"config optimizer.clip_norm={self.clip_norm} must be > 0 (or 0: no clipping)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +194,7 @@ class TrainConfig:
             check_objective(k, (self.objective.eta_min, self.objective.eta_max), self.data.seq_len)
         if self.optimizer.decay_steps > self.train.steps:
             raise UserError(f"config optimizer.decay_steps={self.optimizer.decay_steps} must be in [0, train.steps]")
+
         if len(self.mesh) != 3:
             raise UserError(f"config mesh={self.mesh}: give (data, fsdp, tensor), -1 for the remaining devices")
         if self.init_from and not os.path.isdir(os.path.join(self.init_from, "checkpoints")):

@@ -43,7 +43,7 @@ def global_batch(host_batch: dict[str, np.ndarray], mesh: Any) -> Batch:
 
 
 def make_optimizer(opt: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
-    """AdamW with global-norm clipping and no decay on norms and biases; linear warmup, then cosine
+    """AdamW with global-norm clipping (unless clip_norm is 0) and no decay on norms and biases; linear warmup, then cosine
     decay to `final_lr_ratio` at `total_steps`, or (wsd) constant until the last `decay_steps` steps,
     which decay linearly. A WSD run's state before its decay equals a longer WSD run's at that step."""
     warmup = max(opt.warmup_steps, 1)
@@ -56,10 +56,10 @@ def make_optimizer(opt: OptimizerConfig, total_steps: int) -> tuple[optax.Gradie
     else:
         schedule = optax.warmup_cosine_decay_schedule(0.0, opt.lr, warmup, max(total_steps, warmup + 1), final)
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    tx = optax.chain(
-        optax.clip_by_global_norm(opt.clip_norm),
-        optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=decay_mask),
-    )
+    adamw = optax.adamw(schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps, weight_decay=opt.weight_decay, mask=decay_mask)
+    # clip_norm 0 is "off": the chain keeps one shape (an identity in place of clipping) for the optimizer state.
+    clip = optax.clip_by_global_norm(opt.clip_norm) if opt.clip_norm > 0 else optax.identity()
+    tx = optax.chain(clip, adamw)
     return tx, schedule
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from typing import Any
 
@@ -58,6 +59,17 @@ def architecture_config(m: ModelSection, architecture: dict, tokenizer: Any = No
     return ModelConfig(**arch, **run_options(m))
 
 
+def make_workdir(workdir: str) -> None:
+    """Creates the run's directory before anything slow happens (a path under a file, or where nothing may
+    be written, is a one-line error, not a traceback after the model is built)."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create --workdir {workdir}: {e.strerror}; choose a directory you can write") from None
+    if not os.access(workdir, os.W_OK):
+        raise UserError(f"--workdir {workdir} is not writable; choose a directory you can write")
+
+
 class Trainer:
     """Builds everything from a config, restores the latest checkpoint in `workdir`, and trains."""
 
@@ -65,6 +77,7 @@ class Trainer:
         """`cfg`: a `TrainConfig`, or the `ml_collections.ConfigDict` of a config file (converted here)."""
         if not isinstance(cfg, TrainConfig):
             cfg = TrainConfig.from_config_dict(cfg)
+        make_workdir(workdir)
         if cfg.multihost:
             _initialize_distributed(cfg.distributed)
         self.cfg, self.workdir = cfg, workdir
@@ -114,10 +127,16 @@ class Trainer:
     def run(self, until: int | None = None) -> list[dict[str, float]]:
         """Trains to `train.steps` (or to step `until` of the same run, saved there: a long run spent in
         pieces), resuming from `workdir`; returns this invocation's logged metrics."""
-        os.makedirs(self.workdir, exist_ok=True)
         manager = self.checkpoint_manager()
-        self.state, start = train_checkpoints.resume(manager, self.cfg, self.workdir, self.state, self.iterator)
+        try:
+            self.state, start = train_checkpoints.resume(manager, self.cfg, self.workdir, self.state, self.iterator)
+        except UserError:
+            manager.close()  # its background threads would otherwise print tracebacks at exit
+            raise
         total = self.cfg.train.steps
+        if self.cfg.optimizer.warmup_steps > total and start == 0:
+            print(f"note: optimizer.warmup_steps={self.cfg.optimizer.warmup_steps} > train.steps={total}: the "
+                  "learning rate never reaches optimizer.lr", file=sys.stderr)
         end = total if until is None else min(until, total)
         logged = []
         progress = Progress(start, total)
@@ -134,6 +153,7 @@ class Trainer:
                 block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
                 compiled, compile_seconds = self.compiled_step((self.state, batch, rng, block_size))
                 self.state, metrics = compiled(self.state, batch, rng, block_size)
+                stop.unsaved = True
                 window.add(step + 1, k, metrics, compile_seconds)  # stays on device until the window's fetch
                 # Step N is queued; wait for N - 1. Unbounded, dispatch ran ahead to the next fetch and
                 # waited there in C, where Python's SIGTERM handler cannot run (ten steps, not one).
@@ -152,6 +172,7 @@ class Trainer:
                 progress.update(rows[-1])
                 if checkpoint:
                     train_checkpoints.save(manager, step + 1, self.state, self.iterator)
+                    stop.unsaved = False
                 if stopped_at is not None:
                     break
         progress.close()

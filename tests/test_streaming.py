@@ -23,7 +23,10 @@ def corpus(tmp_path, n=200, name="a.jsonl"):
 
 
 def read(chunks, open_chunks=streaming.OPEN_CHUNKS):
-    return list(streaming._RecordsIterator(streaming.grain.MapDataset.source(chunks), open_chunks))
+    """The records of the chunks in their order, one epoch (its end marker dropped)."""
+    records = list(streaming._Records(chunks, seed=None, open_chunks=open_chunks))
+    assert records[-1] == {"epoch_end": 0}
+    return records[:-1]
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 97, 1000, 1 << 20])
@@ -204,3 +207,110 @@ def test_the_workers_of_a_killed_run_exit_with_it(tmp_path, when):
     left = [pid for pid in children if os.path.exists(f"/proc/{pid}")
             and "resource_tracker" not in open(f"/proc/{pid}/cmdline").read()]
     assert not left, f"workers still running after their parent was killed: {left}"
+
+
+def unique_corpus(tmp_path, n, name="u.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"text": f"document {i:05d} " + "z" * (i % 23)}) + "\n" for i in range(n)))
+    return str(path)
+
+
+@pytest.mark.parametrize("num_chunks", [1, 3, 8, 27, 100])
+@pytest.mark.parametrize("shards", [1, 2, 3, 4])
+def test_every_shard_reads_each_of_its_documents_once_an_epoch_and_shards_are_disjoint(tmp_path, num_chunks, shards):
+    """Any corpus size against the 64 chunks read at once: a shard of few chunks never reads copies of
+    one chunk side by side (a 300-document corpus of 8 chunks served 43 distinct documents an epoch)."""
+    path = unique_corpus(tmp_path, 400)
+    chunk_bytes = -(-len(open(path, "rb").read()) // num_chunks)
+    chunks = streaming.plan_chunks([path], chunk_bytes)
+    assert len(chunks) == num_chunks
+    everything = sorted(r["text"] for r in read(chunks))
+    for epoch in range(3):
+        seen = []
+        for shard in range(shards):
+            records = streaming._Records(chunks, seed=5, shard=shard, shards=shards)
+            iterator = iter(records)
+            for _ in range(epoch):  # skip earlier epochs
+                while "epoch_end" not in next(iterator):
+                    pass
+            texts = []
+            while "epoch_end" not in (record := next(iterator)):
+                texts.append(record["text"])
+            assert len(texts) == len(set(texts)), f"shard {shard} repeats documents within epoch {epoch}"
+            seen += texts
+        assert sorted(seen) == everything  # shards together: every document exactly once
+
+
+def served_documents(tmp_path, n, rows, shards=1, host=0, hosts=1, workers=0):
+    """The documents of the first `rows` rows a host serves, in order (each text is unique and short)."""
+    tok = char_tokenizer(tmp_path)
+    path = unique_corpus(tmp_path, n)
+    data = DataConfig(files=(path,), seq_len=128, shards=shards, workers=workers)
+    stream = streaming.host_batches(data, tok, global_batch=8, seed=1, host=host, hosts=hosts)
+    texts = []
+    while len(texts) < rows:
+        batch = next(stream)
+        for tokens, segments in zip(batch["tokens"], batch["segment_ids"]):
+            texts += [tok.decode(tokens[segments == s]) for s in range(1, segments.max() + 1)]
+    return texts
+
+
+@pytest.mark.parametrize("n", [300, 1000])
+def test_an_epoch_of_batches_serves_every_document_of_a_small_corpus_once(tmp_path, n):
+    texts = served_documents(tmp_path, n, n)
+    assert len(set(texts[:n])) == n  # the first epoch: every document exactly once, no other
+    assert len(set(texts[n:2 * n])) == len(texts[n:2 * n])  # the next epoch begins afresh
+
+
+def test_two_hosts_share_no_document_within_an_epoch(tmp_path):
+    n, within = 2000, 700  # each shard holds ~1000 documents (whole chunks of ~130): 700 lie in its first epoch
+    first, second = (served_documents(tmp_path, n, within, shards=2, host=h, hosts=2)[:within] for h in range(2))
+    assert len(set(first)) == len(first) and len(set(second)) == len(second)
+    assert not set(first) & set(second)
+
+
+def test_too_few_chunks_for_the_streams_is_refused(tmp_path):
+    tok = char_tokenizer(tmp_path)
+    path = tmp_path / "one.txt"
+    path.write_text("a single text file is one chunk")
+    with pytest.raises(UserError, match="cut into 1 chunks, fewer than the 2 streams"):
+        batches([str(path)], tok, shards=2)
+
+
+def test_a_restored_stream_refuses_other_batch_shapes(tmp_path):
+    tok = char_tokenizer(tmp_path)
+    path = corpus(tmp_path, 300)
+    state = batches([path], tok).get_state()
+    longer = streaming.host_batches(DataConfig(files=(path,), seq_len=128, shards=2, workers=0), tok,
+                                    global_batch=4, seed=3, host=0, hosts=1)
+    with pytest.raises(UserError, match=r"other batch shapes \(seq_len 64 -> 128\)"):
+        longer.set_state(state)
+    with pytest.raises(UserError, match=r"other batch shapes \(rows_per_shard 2 -> 4\)"):
+        streaming.host_batches(DataConfig(files=(path,), seq_len=64, shards=2, workers=0), tok, global_batch=8,
+                               seed=3, host=0, hosts=1).set_state(state)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("data.jsonl.gz", b"\x1f\x8b\x08\x00garbage", "is compressed"),
+    ("DATA.JSONL", json.dumps({"text": "upper-case extension"}).encode() + b"\n", None),
+    ("blob.bin", b"\xff\xfe\x00\x81binary", "is not UTF-8 text"),
+])
+def test_compressed_binary_and_upper_case_files(tmp_path, name, content, message):
+    tok = char_tokenizer(tmp_path)
+    path = tmp_path / name
+    path.write_bytes(content)
+    if message:
+        with pytest.raises(UserError, match=message):
+            next(batches([str(path)], tok, shards=1))
+    else:  # read as JSONL: the record's text, not its JSON
+        batch = next(batches([str(path)], tok, shards=1))
+        text = tok.decode(batch["tokens"][0][batch["segment_ids"][0] == 1])
+        assert text.startswith("upper-case extension")
+
+
+def test_records_that_tokenize_to_nothing_are_refused_before_training(tmp_path):
+    tok = char_tokenizer(tmp_path)
+    path = tmp_path / "empty_chats.jsonl"
+    path.write_text('{"messages": []}\n' * 100)
+    with pytest.raises(UserError, match="none of the 100 records .* has a token that carries loss"):
+        batches([str(path)], tok, shards=1)

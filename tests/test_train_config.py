@@ -51,6 +51,14 @@ def test_the_config_is_frozen():
     ("checkpoint", "keep_period", -1, r"checkpoint.keep_period=-1 must be >= 0"),
     ("checkpoint", "every", 0, r"checkpoint.every=0 must be >= 1"),
     ("data", "workers", -1, r"data.workers=-1 must be >= 0"),
+    ("optimizer", "lr", -1.0, r"optimizer.lr=-1.0 must be in \(0.0, inf\)"),
+    ("optimizer", "lr", float("nan"), r"optimizer.lr=nan must be in"),
+    ("optimizer", "b1", 1.0, r"optimizer.b1=1.0 must be in \[0.0, 1.0\)"),
+    ("optimizer", "b2", 1.5, r"optimizer.b2=1.5 must be in \[0.0, 1.0\)"),
+    ("optimizer", "clip_norm", -1.0, r"optimizer.clip_norm=-1.0 must be > 0 \(or 0: no clipping\)"),
+    ("optimizer", "eps", 0.0, r"optimizer.eps=0.0 must be in \(0.0, inf\)"),
+    ("optimizer", "weight_decay", -0.1, r"optimizer.weight_decay=-0.1 must be in \[0.0, inf\)"),
+    ("optimizer", "final_lr_ratio", 2.0, r"optimizer.final_lr_ratio=2.0 must be in"),
 ])
 def test_a_bad_key_type_or_value_is_named(section, key, value, message):
     cfg = tiny.get_config().to_dict()

@@ -3,8 +3,10 @@
 A tiny model with a 9-token vocabulary (one of them the mask token); 20,000 seeded rows of the same
 prompt decoded with verification; the joint distribution of the first three generated tokens (the
 first exact, the next two through the draft test) is compared with NTP's, computed exactly from the
-model's logits, by a χ² test and a total-variation bound. The same test rejects a variant that accepts
-drafts without the ratio test, and one that replaces a rejected draft from p instead of the residual.
+model's logits, by a χ² test and a total-variation bound, for every draft source (SBD's block, lookup,
+hybrid). The same test rejects a variant that accepts drafts without the ratio test, one that replaces a
+rejected draft from p instead of the residual, and (with hand-made logits whose q differs by block
+position) one that tests a draft against the q of the wrong block position.
 """
 
 import dataclasses
@@ -119,3 +121,78 @@ def test_the_distribution_test_rejects_an_inexact_verifier(broken):
     counts, _ = sampled_joint(decoder(broken, 1.0, 1.0), seed=0)
     assert chi_square_p(counts, expected) < 1e-6
     assert total_variation(counts, expected) > 1.5 * sampling_noise(expected, ROWS)
+
+
+# --- Hand-made logits whose masked-block guesses q differ strongly by block position (the tiny model's
+# differ by < 1e-5, so a verifier testing draft j against the q of the wrong position looked exact).
+_tables = np.random.default_rng(7)
+P_TABLE = _tables.normal(size=(VOCAB, 16, VOCAB)) * 1.5  # p(next | last token, its position)
+Q_TABLE = _tables.normal(size=(VOCAB, 8, VOCAB)) * 2.5  # q(token | last pending token, block position)
+
+
+@dataclasses.dataclass(frozen=True)
+class HandMadeLogits(VerifiedSBDDecoder):
+    """The real pass (its K/V fill the cache) with its logits replaced: p from the last token and its
+    position (a Markov chain NTP samples exactly from), q from the last pending token and the block position."""
+
+    def first_pass(self, params, cache, pending_BK, pending_count_B, block_BK, causal_logits):
+        _, _, kv = super().first_pass(params, cache, pending_BK, pending_count_B, block_BK, causal_logits)
+        j = jnp.arange(self.block_size)
+        p = jnp.asarray(P_TABLE, jnp.float32)[pending_BK, cache.lengths[:, None] + j]
+        last = jnp.take_along_axis(pending_BK, (pending_count_B - 1)[:, None], axis=1)
+        return p, jnp.asarray(Q_TABLE, jnp.float32)[last, j[None]], kv
+
+
+@dataclasses.dataclass(frozen=True)
+class WrongPositionQ(HandMadeLogits):
+    """Broken on purpose: draft j (drawn at block position j + 1) is tested against q at block position j."""
+
+    @staticmethod
+    def next_draft_logits(q_logits):
+        return q_logits
+
+
+def hand_made_joint(temperature, top_p):
+    """NTP's P(t1, t2, t3) under the hand-made p: the chain from the prompt's last token at its position."""
+    def probs(last, position):
+        logits = jnp.asarray(P_TABLE[last, position], jnp.float32)
+        return np.asarray(jax.nn.softmax(sampling_logits(without_token(logits, MASK), temperature, top_p)), np.float64)
+
+    start = len(PROMPT) - 1
+    joint = np.zeros((VOCAB,) * NEW)
+    first = probs(PROMPT[-1], start)
+    for a in range(VOCAB):
+        second = probs(a, start + 1)
+        for b in range(VOCAB):
+            joint[a, b] = first[a] * second[b] * probs(b, start + 2)
+    return joint / joint.sum()
+
+
+def test_verified_sampling_is_exact_when_q_differs_by_block_position():
+    expected = hand_made_joint(1.0, 1.0)
+    counts, results = sampled_joint(decoder(HandMadeLogits, 1.0, 1.0), seed=0)
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    assert 0.1 < accepted / drafted < 0.95
+    assert chi_square_p(counts, expected) > 1e-3
+    assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)
+
+
+def test_the_distribution_test_rejects_a_verifier_testing_drafts_against_the_wrong_position():
+    expected = hand_made_joint(1.0, 1.0)
+    counts, _ = sampled_joint(decoder(WrongPositionQ, 1.0, 1.0), seed=0)
+    assert chi_square_p(counts, expected) < 1e-6
+    assert total_variation(counts, expected) > 1.5 * sampling_noise(expected, ROWS)
+
+
+@pytest.mark.parametrize("drafts, temperature, top_p", [("lookup", 1.0, 1.0), ("hybrid", 0.7, 0.8)])
+def test_lookup_and_hybrid_drafts_sample_exactly_ntp_distribution(drafts, temperature, top_p):
+    """Lookup's drafts are point masses (accepted with probability p(d), else a draw from p without d)."""
+    expected = ntp_joint(temperature, top_p)
+    kind = functools.partial(VerifiedSBDDecoder, drafts=drafts)
+    counts, results = sampled_joint(decoder(kind, temperature, top_p), seed=1)
+    lookup_drafted = sum(r.lookup_drafted for r in results)
+    assert lookup_drafted > ROWS // 4 and 0 < sum(r.lookup_accepted for r in results) < lookup_drafted
+    if drafts == "hybrid":
+        assert sum(r.drafted for r in results) > lookup_drafted  # SBD's block drafted too
+    assert chi_square_p(counts, expected) > 1e-3
+    assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)

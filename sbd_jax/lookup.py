@@ -1,0 +1,104 @@
+"""Prompt-lookup drafts: the tokens that followed an earlier occurrence of the context's last n tokens.
+
+A draft source that needs no training and no mask token (`transformers`' `prompt_lookup_num_tokens`,
+vLLM's n-gram proposer): given prompt + output so far, find an earlier place where its last `n` tokens
+occur (`n` from `max_ngram` down to 1, the longest that matches wins) and propose the tokens that
+followed there. Written with static shapes over a fixed-width history buffer so that it runs inside the
+compiled decoding loop, with no host round trip. `lookup_drafts` (device) and `replay_lookup` (host, numpy:
+what verification would accept on a known greedy output) share one rule, so a decoder run can be checked
+against a replay of committed outputs.
+
+The rule (measured, `benchmarks/lookup_rule.py` → `benchmarks/results/lookup_rule.json`): the *latest*
+earlier occurrence of the longest matching n-gram, n from 3 down to 1.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MAX_NGRAM = 4  # the longest suffix looked up  } the measured choice
+LATEST = True  # the occurrence nearest the end  } (see the module docstring)
+EXTEND = True  # periodic extension             }
+
+
+def lookup_drafts(history_BW: jax.Array, length_B: jax.Array, num_drafts: int, max_ngram: int = MAX_NGRAM,
+                  latest: bool = LATEST, extend: bool = EXTEND) -> tuple[jax.Array, jax.Array]:
+    """Drafts for the token after each row's `history[b, :length[b]]`.
+
+    Returns `[B, num_drafts]` proposed tokens (0 past the count) and `[B]` how many are real: the tokens
+    that followed the chosen earlier occurrence of the history's last n tokens, as many as the history
+    holds after it, at most `num_drafts`; 0 where no n-gram of length 1..`max_ngram` recurs. The match must
+    end before the last token (an occurrence is *earlier*), so at least one token follows it.
+    `latest` picks the occurrence nearest the end, else the first one. `extend`: a match P tokens back
+    whose continuation runs out before `num_drafts` (it reaches the end of the history) is read as a
+    repeat with period P, so the continuation goes on with itself (draft m = history[last + 1 - P + m % P]).
+    """
+    batch, width = history_BW.shape
+    index = jnp.arange(width)
+    last = length_B[:, None] - 1  # [B, 1] position of the newest token
+    # eq[m][b, i]: history[i - m] == history[last - m], the m-th token of an n-gram ending at i
+    matches = jnp.ones((batch, width), bool)
+    best_end = jnp.full((batch,), -1)
+    for m in range(max_ngram):
+        suffix_token = jnp.take_along_axis(history_BW, jnp.maximum(last - m, 0), axis=1)
+        shifted = jnp.roll(history_BW, m, axis=1)  # shifted[i] = history[i - m]
+        matches = matches & (shifted == suffix_token) & (index >= m) & (last - m >= 0)
+        ends = matches & (index < last)  # strictly earlier than the suffix itself
+        if latest:
+            end = jnp.where(ends, index, -1).max(axis=1)
+        else:
+            end = jnp.where(ends.any(axis=1), jnp.where(ends, index, width).min(axis=1), -1)
+        best_end = jnp.where(end >= 0, end, best_end)  # a longer n-gram's match replaces a shorter one's
+    found = best_end >= 0
+    period = length_B - 1 - best_end  # tokens from the match's end to the last one: all of its continuation
+    count = jnp.where(found, num_drafts if extend else jnp.minimum(num_drafts, period), 0)
+    m = jnp.arange(num_drafts)
+    offset = m % jnp.maximum(period, 1)[:, None] if extend else m
+    taken = jnp.clip(best_end[:, None] + 1 + offset, 0, width - 1)
+    drafts = jnp.where(jnp.arange(num_drafts) < count[:, None], jnp.take_along_axis(history_BW, taken, axis=1), 0)
+    return drafts.astype(jnp.int32), count.astype(jnp.int32)
+
+
+def lookup_once(context: Sequence[int], num_drafts: int, max_ngram: int = MAX_NGRAM, latest: bool = LATEST,
+                extend: bool = EXTEND) -> list[int]:
+    """`lookup_drafts` for one context on the host (numpy): the proposed tokens."""
+    tokens = np.asarray(context)
+    last = len(tokens) - 1
+    for n in range(min(max_ngram, last), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:last], n)  # window i ends at i + n - 1 < last
+        starts = np.flatnonzero((windows == tokens[last - n + 1:]).all(axis=1))
+        if len(starts):
+            end = (starts[-1] if latest else starts[0]) + n - 1
+            continuation = tokens[end + 1:].tolist()
+            if extend:
+                continuation = [continuation[i % len(continuation)] for i in range(num_drafts)]
+            return continuation[:num_drafts]
+    return []
+
+
+def replay_lookup(prompt: Sequence[int], output: Sequence[int], num_drafts: int, max_new_tokens: int,
+                  max_ngram: int = MAX_NGRAM, latest: bool = LATEST, extend: bool = EXTEND) -> tuple[int, int, int]:
+    """Forwards, drafted and accepted tokens of verified decoding with lookup drafts whose output is
+    `output` (a greedy NTP output: verification keeps it fixed, so only the forwards depend on the drafts).
+
+    Each forward feeds the newest exact token and its drafts, accepts the drafts that equal the output,
+    and emits one more exact token; drafts never reach past `max_new_tokens`.
+    """
+    emitted, forwards, drafted, accepted = 0, 0, 0, 0
+    context = list(prompt)
+    while emitted < len(output):
+        drafts = lookup_once(context, min(num_drafts, max_new_tokens - emitted), max_ngram, latest, extend)
+        good = 0
+        while good < len(drafts) and emitted + good < len(output) and drafts[good] == output[emitted + good]:
+            good += 1
+        step = min(good + 1, len(output) - emitted)
+        context += list(output[emitted: emitted + step])
+        emitted += step
+        forwards += 1
+        drafted += len(drafts)
+        accepted += min(good, step)
+    return forwards, drafted, accepted

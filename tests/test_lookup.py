@@ -1,0 +1,100 @@
+"""Prompt-lookup drafts (`sbd_jax.lookup`) and the verified decoder's draft sources: lookup on device
+equals the host rule, greedy output equals NTP for every source, forwards equal the replay, and a
+model without a mask token decodes with lookup drafts only."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from sbd_jax.decoders import NTPDecoder
+from sbd_jax.errors import UserError
+from sbd_jax.lookup import lookup_drafts, lookup_once, replay_lookup
+from sbd_jax.sampler import generate
+from sbd_jax.settings import Settings
+from sbd_jax.verified_decoder import VerifiedSBDDecoder
+from tests.test_verify import PROMPTS, model
+
+
+@pytest.mark.parametrize("max_ngram, latest, extend", list(itertools.product((1, 4), (True, False), (True, False))))
+def test_lookup_on_device_equals_the_host_rule(max_ngram, latest, extend):
+    rng = np.random.default_rng(max_ngram)
+    width, drafts = 40, 6
+    histories = rng.integers(0, 4, (64, width))  # a small alphabet: many n-grams recur
+    lengths = rng.integers(1, width + 1, 64)
+    found, count = lookup_drafts(histories, lengths, drafts, max_ngram, latest, extend)
+    for row, n in enumerate(lengths):
+        expected = lookup_once(histories[row, :n], drafts, max_ngram, latest, extend)
+        assert found[row, :count[row]].tolist() == expected
+    assert (np.asarray(count) > 0).mean() > 0.8
+
+
+def test_lookup_proposes_what_followed_the_latest_longest_match():
+    #              0  1  2  3  4  5  6  7  8
+    context = [7, 1, 2, 9, 1, 2, 5, 3, 1, 2]
+    assert lookup_once(context, 3, max_ngram=2, latest=True, extend=False) == [5, 3, 1]
+    assert lookup_once(context, 3, max_ngram=2, latest=False, extend=False) == [9, 1, 2]
+    assert lookup_once([4, 4, 4], 5, max_ngram=1, latest=True, extend=True) == [4] * 5  # a repeat of period 1
+    assert lookup_once([4, 4, 4], 5, max_ngram=1, latest=True, extend=False) == [4]
+    assert lookup_once([1, 2, 3], 4) == []
+
+
+@pytest.mark.parametrize("name, drafts, k", [("llama", "lookup", 1), ("llama", "lookup", 4), ("qwen3", "lookup", 8),
+                                             ("llama", "hybrid", 4), ("qwen3", "hybrid", 8)])
+def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k):
+    cfg, params = model(name)
+    free = generate(NTPDecoder(cfg, max_new_tokens=24), params, PROMPTS)[0]
+    eos = (free[1].token_ids[9],)
+    for stop in ((), eos):
+        reference = generate(NTPDecoder(cfg, max_new_tokens=24, eos_ids=stop), params, PROMPTS)[0]
+        results, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=24, block_size=k, eos_ids=stop, drafts=drafts),
+                              params, PROMPTS)
+        for prompt, ours, expected in zip(PROMPTS, results, reference):
+            assert ours.token_ids == expected.token_ids
+            assert 1 <= ours.nfe <= len(ours.token_ids)
+            assert ours.lookup_accepted <= ours.lookup_drafted <= ours.drafted
+            if drafts == "lookup":  # the replay of the same rule on the output takes the same forwards
+                forwards, _, accepted = replay_lookup(prompt, expected.token_ids, k - 1, 24)
+                assert (ours.nfe, ours.accepted) == (forwards, accepted)
+                assert ours.drafted == ours.lookup_drafted
+    assert sum(r.lookup_accepted for r in results) > 0 or k == 1
+
+
+def test_lookup_needs_no_mask_token_and_the_block_sources_say_so():
+    cfg, params = model("llama")
+    plain = cfg.replace(mask_token_id=None)
+    reference = generate(NTPDecoder(plain, max_new_tokens=16), params, PROMPTS)[0]
+    results, _ = generate(Settings(mode="sbd", verify=True, drafts="lookup", block_size=4,
+                                   max_new_tokens=16).decoder(plain), params, PROMPTS)
+    assert [r.token_ids for r in results] == [r.token_ids for r in reference]
+    assert sum(r.nfe for r in results) < sum(len(r.token_ids) for r in results)
+    for drafts in ("sbd", "hybrid"):
+        with pytest.raises(UserError, match=f"drafts '{drafts}' .* no mask token .* use --drafts lookup"):
+            Settings(mode="sbd", verify=True, drafts=drafts).decoder(plain)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(drafts="ngram", verify=True, mode="sbd"), "unknown draft source 'ngram'"),
+    (dict(drafts="lookup"), "proposals for verification: add verify"),
+    (dict(temperature=float("inf")), "temperature=inf must be a finite number"),
+    (dict(temperature=float("nan")), "temperature=nan must be a finite number"),
+    (dict(temperature="0.5"), "temperature='0.5' must be a finite number"),
+    (dict(top_p=float("nan")), "top_p=nan must be a number in"),
+    (dict(max_new_tokens=2.5), "max_new_tokens=2.5 must be a whole number"),
+    (dict(mode="sbd", block_size=2.5), "block_size=2.5 must be a whole number"),
+    (dict(mode="sbd", verify="no"), "verify='no' must be True or False"),
+])
+def test_settings_refuse_bad_values_when_made(options, message):
+    with pytest.raises(UserError, match=message):
+        Settings(**options)
+
+
+def test_no_decoder_emits_the_mask_token_even_where_the_model_prefers_it():
+    cfg, params = model("llama")
+    favoured = dict(params, lm_head={"kernel": params["lm_head"]["kernel"].at[:, cfg.mask_token_id].set(50.0)})
+    for options in (dict(), dict(mode="sbd", block_size=4), dict(mode="sbd", block_size=4, gamma=100.0),
+                    *(dict(mode="sbd", verify=True, drafts=d, block_size=4) for d in ("sbd", "lookup", "hybrid"))):
+        for temperature, top_p in ((0.0, 1.0), (3.0, 0.5)):
+            settings = Settings(max_new_tokens=12, temperature=temperature, top_p=top_p, **options)
+            results, _ = generate(settings.decoder(cfg), favoured, PROMPTS, seed=3)
+            assert all(cfg.mask_token_id not in r.token_ids for r in results), (options, temperature)
