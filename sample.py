@@ -52,8 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--drafts", choices=DRAFT_SOURCES, default="sbd",
                    help="with --verify: what proposes the drafts: sbd (the masked block; needs an SBD fine-tune), "
                    "lookup (tokens that followed an earlier occurrence of the last 1-4 tokens in prompt + output: "
-                   "any model, no fine-tune, a k-token pass) or hybrid (lookup where the context has a match, else "
-                   "sbd)")
+                   "any model, no fine-tune, a k-token pass) or hybrid (sbd's block where the previous block was fully "
+                   "accepted, else lookup)")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id; "
                    "every mode then never emits it (so --mode ntp and --verify compare exactly)")

@@ -63,10 +63,12 @@ class VerifiedSBDDecoder(BlockDecoder):
     - `lookup`: the tokens that followed the latest earlier occurrence of the context's last 1-3 tokens
       (`sbd_jax.lookup`), after every forward, accepted or not. The pass is the k pending tokens alone and
       needs no mask token: any causal LM, SBD-trained or not.
-    - `hybrid`: lookup's drafts where the context has a match, else SBD's block (2k-token pass). Per
-      block, not per position: lookup's drafts exist after a rejection too, where SBD's do not, and a
-      matched n-gram's continuation is anchored on the exact last token, where SBD's block predicts j + 1
-      tokens past what it saw.
+    - `hybrid`: SBD's block where it holds (every draft of the previous block accepted), else lookup's
+      drafts (2k-token pass): after a rejection SBD has nothing to propose and lookup still does. Per
+      block, not per position. Measured against the other order (lookup wherever the context has a match):
+      on the small-scale model lookup matches almost every block and its drafts are 5% right against SBD's
+      ~100%, so that order fell to 1.47 tokens per forward at block 8 against SBD's 6.77
+      (`benchmarks/results/lookup_decode_cpu.json` holds the rule's numbers).
     Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
     shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
     """
@@ -210,7 +212,8 @@ class VerifiedSBDDecoder(BlockDecoder):
             if lookup:
                 history = history.at[rows, (prompt_lens_B + s.count)[:, None] + j].set(emitted, mode="drop")
                 found, n = lookup_block(history, count, next_token)
-                from_lookup = (n > 0) & ~done
+                sbd_holds = whole if masked else jnp.zeros((batch,), bool)
+                from_lookup = (n > 0) & ~done & ~sbd_holds  # hybrid: SBD's block first
                 pending = jnp.where(from_lookup[:, None], found, pending)
                 pending_count = jnp.where(from_lookup, 1 + n, pending_count)
                 if sampling:

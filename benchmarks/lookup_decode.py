@@ -1,0 +1,136 @@
+"""Verified decoding with lookup / hybrid / SBD drafts, run by the decoder: tokens per forward, exactness,
+and wall clock against NTP in one run.
+
+    python -m benchmarks.lookup_decode            # writes benchmarks/results/lookup_decode_cpu.json
+
+1. The base SmolLM2-135M (no fine-tune, no mask token), lookup drafts, greedy, 256 new tokens, on the
+   first `--prompts` held-out test prompts and HumanEval problems of `recipes/smollm2_sbd`: its outputs
+   against the committed base NTP outputs (`recipes/smollm2_sbd/results/cpu/entries.json`) and its
+   tokens per forward against the replay of the same rule on them (`sbd_jax.lookup.replay_lookup`).
+2. Wall clock at batch 1 and 8 on test prompts: NTP and lookup at blocks 4 / 8 / 16 (decode seconds,
+   compile and prefill apart), with time(k)/time(1) of a bare forward beside it.
+3. The shipped small-scale SBD model on the study's validation arithmetic problems: SBD, lookup and hybrid drafts at
+   blocks 4 / 8 / 16 (tokens per forward; output against NTP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from sbd_jax.evaluation.results import write_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK_SIZES = (4, 8, 16)
+
+
+def verified(drafts: str, k: int, max_new_tokens: int):
+    from sbd_jax.settings import Settings
+
+    return Settings(mode="sbd", verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens)
+
+
+def decode_rows(model, settings, prompts, batch):
+    from sbd_jax.sampler import generate_batched
+
+    return generate_batched(settings.decoder(model.config), model.params, prompts, batch,
+                            executables=model.executables)
+
+
+def summary(results, timing=None) -> dict:
+    tokens, forwards = sum(len(r.token_ids) for r in results), sum(r.nfe for r in results)
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    lookup_drafted, lookup_accepted = sum(r.lookup_drafted for r in results), sum(r.lookup_accepted for r in results)
+    out = {"tokens": tokens, "forwards": forwards, "tokens_per_forward": tokens / max(forwards, 1),
+           "accepted_fraction": accepted / drafted if drafted else None,
+           "lookup_share_of_drafts": lookup_drafted / drafted if drafted else None,
+           "lookup_accepted_fraction": lookup_accepted / lookup_drafted if lookup_drafted else None}
+    if timing is not None:
+        out.update(decode_seconds=timing.decode_seconds, tokens_per_second=tokens / timing.decode_seconds)
+    return out
+
+
+def base_model_rows(args) -> dict:
+    from benchmarks.lookup_rule import ENTRIES, ntp_outputs, split_prompts
+    from sbd_jax.api import load
+    from sbd_jax.lookup import replay_lookup
+    import json
+
+    entries = json.load(open(ENTRIES))
+    model = load("smollm2-135m")
+    out = {"exactness": [], "speed": []}
+    for split in ("test", "humaneval"):
+        reference = ntp_outputs(entries, "base", split)[: args.prompts]
+        prompts = split_prompts(model.tokenizer, split, len(reference))
+        for k in args.block_sizes:
+            began = time.perf_counter()
+            results, _ = decode_rows(model, verified("lookup", k, 256), prompts, args.batch)
+            replayed = [replay_lookup(p, o, k - 1, 256) for p, o in zip(prompts, reference)]
+            row = {"split": split, "prompts": len(prompts), "block_size": k, **summary(results),
+                   "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference)),
+                   "replayed_tokens_per_forward": sum(map(len, reference)) / sum(f for f, _, _ in replayed),
+                   "seconds": time.perf_counter() - began}
+            out["exactness"].append(row)
+            print(row, flush=True)
+    test = split_prompts(model.tokenizer, "test", 16)
+    for batch, n in ((1, 4), (8, 16)):
+        for name, settings in [("ntp", None), *((f"lookup k={k}", verified("lookup", k, 256)) for k in args.block_sizes)]:
+            from sbd_jax.settings import Settings
+
+            settings = settings or Settings(max_new_tokens=256)
+            decode_rows(model, settings, test[:batch], batch)  # compile (and warm) apart from the timed run
+            results, timing = decode_rows(model, settings, test[:n], batch)
+            row = {"decoder": name, "batch": batch, "prompts": n, **summary(results, timing)}
+            out["speed"].append(row)
+            print(row, flush=True)
+    for row in out["speed"]:
+        ntp = next(r for r in out["speed"] if r["batch"] == row["batch"] and r["decoder"] == "ntp")
+        row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
+    from sbd_jax.timing import forward_cost_ratio
+
+    out["forward_cost_ratio_cpu"] = {k: forward_cost_ratio(model, k, context=256, calls=20) for k in args.block_sizes}
+    return out
+
+
+def arithmetic_rows(args) -> list[dict]:
+    from sbd_jax.api import load
+    from sbd_jax.settings import Settings
+
+    model = load(os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
+    from sbd_jax.evaluation.arithmetic import study_splits
+
+    prompts = [model.encode(p.question, chat=True) for p in study_splits().valid[: args.arith_problems]]
+    reference = [r.token_ids for r in decode_rows(model, Settings(max_new_tokens=72), prompts, 64)[0]]
+    rows = []
+    for k in args.block_sizes:
+        for drafts in ("sbd", "lookup", "hybrid"):
+            results, _ = decode_rows(model, verified(drafts, k, 72), prompts, 64)
+            row = {"drafts": drafts, "block_size": k, "prompts": len(prompts), **summary(results),
+                   "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, reference))}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=64, help="first N test prompts and HumanEval problems")
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--arith-problems", type=int, default=256)
+    parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "lookup_decode_cpu.json"))
+    args = parser.parse_args(argv)
+    result = {"arithmetic": arithmetic_rows(args)}
+    if not args.skip_smollm2:
+        result["smollm2_base"] = base_model_rows(args)
+    write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    from sbd_jax.cli import run_cli
+
+    run_cli(main, sys.argv[1:])
