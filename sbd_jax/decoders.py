@@ -58,7 +58,7 @@ def kept_through_eos(is_eos_BK: jax.Array, limit_B: jax.Array) -> tuple[jax.Arra
 def check_whole_number(name: str, value: object, minimum: int) -> None:
     """Raises UserError unless `value` is an int (not a bool) >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise UserError(f"{name}={value!r} must be a whole number >= {minimum}")
+        raise UserError(f"{name}={value!r} must be >= {minimum} (a whole number)")
 
 
 def check_flag(name: str, value: object) -> None:
@@ -76,7 +76,7 @@ def check_decoding_options(max_new_tokens: int, temperature: float, top_p: float
     infinity are refused: T = inf makes every logit 0 (the mask token among them), NaN every draw token 0."""
     check_whole_number("max_new_tokens", max_new_tokens, 1)
     if not is_finite_number(temperature) or temperature < 0:
-        raise UserError(f"temperature={temperature!r} must be a finite number >= 0 (0 = greedy)")
+        raise UserError(f"temperature={temperature!r} must be >= 0 and finite (0 = greedy)")
     if not is_finite_number(top_p) or not 0.0 < top_p <= 1.0:
         raise UserError(f"top_p={top_p!r} must be a number in (0, 1]")
 

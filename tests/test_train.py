@@ -334,3 +334,23 @@ def test_mismatched_checkpoint_in_workdir_is_refused(tmp_path):
     other.model.architecture = {**dict(other.model.architecture), "num_layers": 2}
     with pytest.raises(UserError, match="cannot restore the checkpoint of step 1 .* does not match this config"):
         Trainer(other, str(tmp_path)).run()
+
+
+def test_sigterm_with_no_unsaved_step_or_a_second_time_stops_at_once():
+    """A run still waiting for its first batch (nothing to save) ends within seconds of SIGTERM."""
+    import signal
+    import time
+
+    from sbd_jax.stop_request import Stopped, StopRequest
+
+    with StopRequest() as stop:
+        with pytest.raises(Stopped, match="no unsaved step"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        stop.unsaved = True
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert stop.requested  # a finished step is saved first
+        with pytest.raises(Stopped, match="again"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
