@@ -1,13 +1,14 @@
 """The training data stream: files read lazily in chunks, tokenized and packed on the fly, with Grain.
 
 A corpus is cut into chunks: byte ranges of JSONL files (a line belongs to the chunk it starts in), about
-`CORPUS_CHUNKS` of them within [MIN_CHUNK_BYTES, CHUNK_BYTES], or whole text files. The chunk sequence,
-shuffled anew every epoch and repeated, is dealt round-robin to `shards` streams; shard s belongs to host
-s % hosts, so a host opens only its shards' chunks, and within a shard each Grain worker process takes
-every W-th of its chunks. A stream reads `OPEN_CHUNKS` of its chunks at once, the next record always
-from the one that has read the fewest bytes, tokenizes the records, and packs them a window of
-`WINDOW_TOKENS` (at most the corpus's bytes) at a time: the window's documents are shuffled, packed
-best-fit into rows, and the rows shuffled, then batched. The window is what mixes a corpus whose
+`CORPUS_CHUNKS` of them within [MIN_CHUNK_BYTES, CHUNK_BYTES], or whole text files. Every epoch the
+chunks are shuffled anew and dealt round-robin to `shards` streams (disjoint within the epoch); shard s
+belongs to host s % hosts, so a host opens only its shards' chunks, and within a shard each Grain worker
+process takes every W-th of the epoch's chunks. A stream reads each of its chunks once an epoch,
+`OPEN_CHUNKS` of them at once, the next record always from the one that has read the fewest bytes,
+tokenizes the records, and packs them a window of `WINDOW_TOKENS` (at most the corpus's bytes; never
+across an epoch's end) at a time: the window's documents are shuffled, packed best-fit into rows, and
+the rows shuffled, then batched. The window is what mixes a corpus whose
 documents are long (a source file of 18k tokens is 145 rows of 128): it must hold many documents of
 each source, or a batch drawn from it holds one source more often than independent rows would.
 A global batch is every shard's next batch, in shard order: batches are a function of (files, seed,
@@ -15,7 +16,7 @@ shards, workers), not of the host count, so one process given `shards=2` sees wh
 together. Host memory is bounded by the window, the open chunks' read buffers and the prefetch buffers,
 whatever the corpus size.
 
-The state (per shard: the next chunk, the open chunks' byte offsets, where the current window began and
+The state (per shard: the epoch and its next chunk, the open chunks' byte offsets, where the current window began and
 how many of its rows were served; per worker under multiprocessing) is saved by each host with the
 train state, so a resumed run reads on from exactly where it stopped.
 """

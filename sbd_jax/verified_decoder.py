@@ -65,7 +65,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     - `sbd`: the same forward also runs an all-masked block after the pending tokens; if every draft is
       accepted, its guesses are the next drafts (after a rejection they guessed past the wrong prefix, and
       the next forward drafts nothing). The pass is 2k tokens; the model needs a mask token.
-    - `lookup`: the tokens that followed the latest earlier occurrence of the context's last 1-3 tokens
+    - `lookup`: the tokens that followed the latest earlier occurrence of the context's last 1-4 tokens
       (`sbd_jax.lookup`), after every forward, accepted or not. The pass is the k pending tokens alone and
       needs no mask token: any causal LM, SBD-trained or not.
     - `hybrid`: SBD's block where it holds (every draft of the previous block accepted), else lookup's

@@ -155,7 +155,7 @@ def test_choose_tokens_follows_temperature_and_top_p():
 @pytest.mark.parametrize("kwargs, message", [
     ({"max_new_tokens": 0}, "max_new_tokens=0 must be >= 1"),
     ({"max_new_tokens": 4, "temperature": -1.0}, "temperature=-1.0 must be >= 0"),
-    ({"max_new_tokens": 4, "top_p": 0.0}, "top_p=0.0 must be in"),
+    ({"max_new_tokens": 4, "top_p": 0.0}, r"top_p=0.0 must be a number in \(0, 1\]"),
 ])
 def test_bad_decoder_settings(kwargs, message):
     with pytest.raises(UserError, match=message):

@@ -114,13 +114,15 @@ def test_evaluation_reports_ntp_and_verified_rows_before_the_validation_grid(mon
     labels = [(r["model"], r["mode"], r["block_size"]) for r in results["rows"]]
     assert labels[:4] == [("base", "ntp", 1), ("tuned", "ntp", 1), ("tuned", "sbd_verified", 4),
                           ("tuned", "sbd_verified", 8)]
+    assert labels[4:10] == [(m, f"verified_{d}", k) for k in (4, 8)
+                            for m, d in (("base", "lookup"), ("tuned", "lookup"), ("tuned", "hybrid"))]
     first_valid = next(i for i, a in enumerate(evaluations.asked) if a[1] == "sbd" and a[4] == "valid")
     assert all(a[1] != "sbd" for a in evaluations.asked[:first_valid])  # no plain SBD before its γ is chosen
-    assert seen[:5] == [(1, 0), (2, 0), (3, 0), (4, 0), (4, 1)] and seen[-1] == (len(results["rows"]), 4)
+    assert seen[:11] == [(n, 0) for n in range(1, 11)] + [(10, 1)] and seen[-1] == (len(results["rows"]), 4)
     assert results["chosen_gamma"] == {4: 0.35, 8: 0.35}  # γ 0.6 agrees on 0% of validation prompts
-    assert timed == [(4, 4, {4: 0.35, 8: 0.35})]  # the wall clock: once γ is chosen, before the plain SBD rows
-    assert [r["gamma"] for r in results["rows"][4:]] == [0.35, 0.6, 0.35, 0.6]
-    assert results["rows"][4]["chosen_on_validation"] and not results["rows"][5]["chosen_on_validation"]
+    assert timed == [(10, 4, {4: 0.35, 8: 0.35})]  # the wall clock: once γ is chosen, before the plain SBD rows
+    assert [r["gamma"] for r in results["rows"][10:]] == [0.35, 0.6, 0.35, 0.6]
+    assert results["rows"][10]["chosen_on_validation"] and not results["rows"][11]["chosen_on_validation"]
     partial = {"rows": results["rows"][:3], "validation": [], "chosen_gamma": {}, "complete": False, "seconds": 600,
                "prompts": {"humaneval": 2, "test": 2, "valid": 2}}
     partial_data = {"train_prompts": 1, "answer_tokens": 1, "train": 1, "dropped_unfinished": 0, "valid": 2, "test": 2,

