@@ -54,6 +54,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "lookup (tokens that followed an earlier occurrence of the last 1-4 tokens in prompt + output: "
                    "any model, no fine-tune, a k-token pass) or hybrid (sbd's block where the previous block was fully "
                    "accepted, else lookup)")
+    p.add_argument("--adapter", default=None,
+                   help="a gated adapter directory (train.py with adapter.rank > 0 writes workdir/adapter) for this "
+                        "base model: NTP stays the base's exactly, SBD's blocks use the adapter")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id; "
                    "every mode then never emits it (so --mode ntp and --verify compare exactly)")
@@ -113,7 +116,7 @@ def main(argv: list[str]) -> None:
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
                         verify=args.verify, drafts=args.drafts, temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
-    model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id)
+    model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
     if auto:
         choice = model.choose_block_size(texts, batch=len(texts), chat=args.chat, max_new_tokens=args.max_new_tokens,
                                          drafts=args.drafts)

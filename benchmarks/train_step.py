@@ -4,7 +4,8 @@
 
 Per model shape: median step time of each objective (jitted, state donated), tokens/s counted on the
 L real tokens of each sequence, their ratio (target <= 2.2: the SBD step carries 2L tokens), and XLA's
-per-device memory of each compiled step. Then one attention layer (SmolLM2's heads) forward+backward
+per-device memory of each compiled step; the gated adapter's step (rank 16 on every projection, base frozen,
+clean half forward-only) beside them. Then one attention layer (SmolLM2's heads) forward+backward
 on the SBD layout at L = --attn-len: blockwise (tile skipping) vs the dense reference, time and memory.
 Random weights: timing does not depend on them. Writes benchmarks/results/train_step_<platform>.json.
 """
@@ -62,6 +63,7 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     import jax.numpy as jnp
     import numpy as np
 
+    from sbd_jax.config import AdapterConfig
     from sbd_jax.model import Transformer, init_params
     from sbd_jax.objective import Batch
     from sbd_jax.train_config import OptimizerConfig
@@ -69,20 +71,26 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
 
     config = config.replace(mask_token_id=config.vocab_size - 1)
     tx, schedule = make_optimizer(OptimizerConfig(lr=1e-4, warmup_steps=1), 1000)
-    params = init_params(config)
+    params, frozen = init_params(config), None
+    if objective == "adapter":  # the gated adapter (rank 16, every projection) on frozen weights
+        from sbd_jax.adapter import init_adapter
+
+        config = config.replace(adapter=AdapterConfig(rank=16))
+        params, frozen = init_adapter(config, params), params
     tokens = np.random.RandomState(0).randint(0, config.vocab_size - 1, (batch_size, seq_len)).astype(np.int32)
     batch = Batch(jnp.asarray(tokens), jnp.ones_like(tokens), jnp.asarray(np.arange(seq_len)[None].repeat(batch_size, 0)),
                   jnp.ones(tokens.shape, bool))
-    spec = ObjectiveSpec(kind=objective, mask_id=config.mask_token_id,
-                         block_sizes=(2, 16) if block_size is None else None)
-    step = functools.partial(train_step, model=Transformer(config, attention=attention, remat=remat), tx=tx, schedule=schedule, spec=spec)
-    if block_size is None:
-        args = (jax.random.key(0), jnp.int32(16))
-    else:
-        step = functools.partial(step, block_size=block_size)
-        args = (jax.random.key(0),)
+    spec = ObjectiveSpec(kind="ntp" if objective == "ntp" else "sbd", mask_id=config.mask_token_id,
+                         block_sizes=(2, 16) if block_size is None else None, adapter=objective == "adapter")
+    step = functools.partial(train_step, model=Transformer(config, attention=attention, remat=remat), tx=tx,
+                             schedule=schedule, spec=spec)
+
+    def one_step(state, batch, rng, size, frozen):
+        return step(state, batch, rng, block_size if size is None else size, frozen)
+
+    args = (jax.random.key(0), None if block_size is not None else jnp.int32(16), frozen)
     state = TrainState(jnp.int32(0), params, tx.init(params))
-    compiled = jax.jit(step, donate_argnums=(0,)).lower(state, batch, *args).compile()
+    compiled = jax.jit(one_step, donate_argnums=(0,)).lower(state, batch, *args).compile()
     return compiled, (state, batch, *args)
 
 
@@ -104,11 +112,12 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
     chosen = "blockwise" if uses_blockwise(seq_len) else "reference"
     other = "reference" if chosen == "blockwise" else "blockwise"
     variants = {"ntp": ("ntp", seq_len, "auto"), "sbd": ("sbd", seq_len, "auto"), "ntp_2L": ("ntp", 2 * seq_len, "auto"),
-                f"sbd_{other}": ("sbd", seq_len, other)}
+                f"sbd_{other}": ("sbd", seq_len, other), "adapter": ("adapter", seq_len, "auto")}
     compiled = {key: compiled_step(config, objective, batch_size, length, attention=attention)
                 for key, (objective, length, attention) in variants.items()}
     row = {"shape": name, "batch": batch_size, "seq_len": seq_len, "sbd_attention": chosen,
-           "params_million": sum(x.size for x in jax.tree.leaves(compiled["ntp"][1][0].params)) / 1e6}
+           "params_million": sum(x.size for x in jax.tree.leaves(compiled["ntp"][1][0].params)) / 1e6,
+           "adapter_params_million": sum(x.size for x in jax.tree.leaves(compiled["adapter"][1][0].params)) / 1e6}
     states = {key: args[0] for key, (_, args) in compiled.items()}
     times: dict[str, list[float]] = {key: [] for key in compiled}
     for _ in range(repeats + 1):  # the first round warms up and is dropped
@@ -128,6 +137,9 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
     row["sbd_over_ntp_time_pairwise_median"] = statistics.median(
         s / n for s, n in zip(times["sbd"][1:], times["ntp"][1:]))
     row["ntp_2L_over_ntp_time"] = row["ntp_2L_step_s"] / row["ntp_step_s"]
+    row["adapter_over_ntp_time"] = row["adapter_step_s"] / row["ntp_step_s"]
+    row["adapter_over_sbd_time"] = row["adapter_step_s"] / row["sbd_step_s"]
+    row["adapter_over_sbd_memory"] = row["adapter_memory_gib"] / row["sbd_memory_gib"]
     row["sbd_over_ntp_hlo_flops"] = row["sbd_hlo_gflops"] / row["ntp_hlo_gflops"]
     return row
 
@@ -178,7 +190,8 @@ def main() -> None:
               f"tok/s ({row['sbd_attention']} attention) -> SBD/NTP time {row['sbd_over_ntp_time']:.2f}x; NTP on 2L "
               f"{row['ntp_2L_over_ntp_time']:.2f}x; XLA FLOPs SBD/NTP {row['sbd_over_ntp_hlo_flops']:.2f}x (SBD "
               f"{row['sbd_hlo_gflops']:.0f} GFLOP vs 6N x 2L tokens {row['sbd_model_gflops']:.0f}); memory NTP "
-              f"{row['ntp_memory_gib']:.2f} GiB, SBD {row['sbd_memory_gib']:.2f} GiB", flush=True)
+              f"{row['ntp_memory_gib']:.2f} GiB, SBD {row['sbd_memory_gib']:.2f} GiB; gated adapter step "
+              f"{row['adapter_over_sbd_time']:.2f}x SBD's time, {row['adapter_over_sbd_memory']:.2f}x its memory", flush=True)
         print("  " + ", ".join(f"{k[:-7]} {v:.3f}s" for k, v in row.items() if k.endswith("_step_s")), flush=True)
     device = jax.devices()[0]
     out = os.path.join(ROOT, "benchmarks", "results", f"train_step_{device.platform}.json")

@@ -64,6 +64,13 @@ def get_base() -> ml_collections.ConfigDict:
     c.optimizer.weight_decay = 0.1
     c.optimizer.clip_norm = 1.0
 
+    # The gated adapter (sbd_jax/adapter.py): rank 0 fine-tunes every weight (the paper); rank > 0 freezes the
+    # base and trains a low-rank adapter on block positions only, so NTP stays the base model's exactly.
+    c.adapter = ml_collections.ConfigDict()
+    c.adapter.rank = 0
+    c.adapter.alpha = 32.0
+    c.adapter.targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 50
     c.checkpoint.keep = 3

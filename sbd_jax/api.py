@@ -77,15 +77,24 @@ class SBDModel:
                                     calibration_tokens, drafts=drafts)
 
 
-def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None) -> SBDModel:
+def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None,
+         adapter: str | None = None) -> SBDModel:
     """Loads a model by known name (`smollm2-135m`), Hugging Face directory or .gguf file.
 
     `mask_token_id` sets the mask token of a model whose config does not (SBD needs one); every mode
-    then never emits it, so NTP and verified SBD compare exactly."""
+    then never emits it, so NTP and verified SBD compare exactly. `adapter`: a gated adapter's directory
+    (`train.py` with `adapter.rank > 0` writes `workdir/adapter`), checked against this base; NTP stays
+    the base model's exactly, and SBD's blocks use the adapter."""
     from sbd_jax.checkpoints.load import load_model
 
     loaded = load_model(model, dtype=dtype)
-    config = loaded.config
+    config, params, tokenizer = loaded.config, loaded.params, loaded.tokenizer
+    if adapter is not None:
+        if mask_token_id is not None:
+            raise UserError("give mask_token_id or adapter, not both: the adapter names its own mask token")
+        from sbd_jax.adapter import attach_adapter
+
+        config, params, tokenizer = attach_adapter(adapter, config, params, tokenizer)
     if mask_token_id is not None:
         config = config.replace(mask_token_id=mask_token_id)
-    return SBDModel(config, loaded.params, loaded.tokenizer)
+    return SBDModel(config, params, tokenizer)

@@ -23,6 +23,34 @@ class RopeScaling:
     original_max_position_embeddings: int
 
 
+ADAPTER_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterConfig:
+    """A gated low-rank adapter (`sbd_jax.adapter`): `W x + g (alpha / rank) B A x` on the `targets`
+    projections, `g` = 1 only on the block (noisy) positions of a forward, so every other position is the
+    base model's exactly; plus its own embedding of the mask token, used at those positions."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ADAPTER_TARGETS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise UserError(f"adapter rank={self.rank!r} must be a whole number >= 1")
+        if not isinstance(self.alpha, (int, float)) or not self.alpha > 0 or self.alpha == float("inf"):
+            raise UserError(f"adapter alpha={self.alpha!r} must be a finite number > 0")
+        unknown = [t for t in self.targets if t not in ADAPTER_TARGETS]
+        if unknown or not self.targets or len(set(self.targets)) != len(self.targets):
+            raise UserError(f"adapter targets {self.targets!r}: name each of {', '.join(ADAPTER_TARGETS)} at most once "
+                            "(at least one)")
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Decoder-only transformer architecture plus the dtypes and layer layout (scanned or not) it runs in.
@@ -53,6 +81,7 @@ class ModelConfig:
     dtype: str = "float32"  # activations / matmul inputs
     param_dtype: str = "float32"
     scan_layers: bool = False  # one stacked parameter tree (compiles once for all layers)
+    adapter: AdapterConfig | None = None  # a gated adapter on top of these weights (sbd_jax.adapter)
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:

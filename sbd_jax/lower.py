@@ -76,7 +76,8 @@ def model_config(cfg: Any) -> Any:
 
 def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     """The jitted SBD train step of `cfg` on `mesh` and abstract arguments carrying their shardings:
-    state (step, params, AdamW state), one micro-batch, rng and a traced block size."""
+    state (step, params, AdamW state), one micro-batch, rng and a traced block size (and, for an adapter
+    run, the frozen base weights; the state then holds the adapter alone)."""
     import jax
     import jax.numpy as jnp
 
@@ -87,7 +88,12 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
 
     cfg = _one_micro_batch(cfg)
     tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
-    params = jax.eval_shape(lambda: init_params(config))
+    params = base = jax.eval_shape(lambda: init_params(config))
+    if cfg.adapter.rank:  # a gated adapter trains alone; the base is an input of the step
+        from sbd_jax.adapter import adapter_tree
+
+        config = config.replace(adapter=cfg.adapter.model_config())
+        params = jax.eval_shape(lambda key: adapter_tree(config, key), jax.random.key(0))
     opt_state = jax.eval_shape(tx.init, params)
     shapes = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)
     shardings = TrainState(sharding.replicated(mesh), sharding.param_shardings(params, mesh),
@@ -100,8 +106,12 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
     model = Transformer(config, mesh=mesh, attention=cfg.model.attention, remat=cfg.model.remat)
-    step = jitted_train_step(cfg, model, tx, schedule, mesh, shardings)
-    return step, (state, batch, rng, block_size)
+    if not cfg.adapter.rank:
+        return jitted_train_step(cfg, model, tx, schedule, mesh, shardings), (state, batch, rng, block_size)
+    frozen_shardings = sharding.param_shardings(base, mesh)
+    frozen = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), base, frozen_shardings)
+    step = jitted_train_step(cfg, model, tx, schedule, mesh, shardings, frozen_shardings)
+    return step, (state, batch, rng, block_size, frozen)
 
 
 def _one_micro_batch(cfg: Any) -> Any:

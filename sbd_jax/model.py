@@ -4,6 +4,10 @@ One forward serves every mode: a whole sequence (training, prefill) or new token
 cache (decoding), with the attention among the forward's own tokens given as an explicit mask
 (causal, an all-to-all SBD block, or anything `masks.py` builds). The forward never writes the
 cache: it returns the new tokens' K/V and the caller decides what to commit (`kv_cache.append`).
+
+With a gated adapter (`config.adapter`, `sbd_jax.adapter`) the forward's tokens from index `gate_from`
+on (the block: SBD's masked positions) add the adapter's low-rank term to the targeted projections and
+read the adapter's own mask-token embedding; the tokens before it are computed exactly as without it.
 """
 
 from __future__ import annotations
@@ -49,18 +53,44 @@ def _dense(features: int, bias: bool, name: str, cfg: ModelConfig) -> nn.Dense:
                     kernel_init=_init, name=name)
 
 
+class LowRank(nn.Module):
+    """The adapter's `(alpha / rank) B A x` of one projection; `B` starts at zero (the base model)."""
+
+    features: int
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg, adapter = self.config, self.config.adapter
+        a = self.param("a", nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"), (x.shape[-1], adapter.rank),
+                       cfg.weights_dtype)
+        b = self.param("b", nn.initializers.zeros, (adapter.rank, self.features), cfg.weights_dtype)
+        low = jnp.einsum("...d,dr->...r", x, a.astype(x.dtype))
+        return jnp.einsum("...r,rf->...f", low, b.astype(x.dtype)) * jnp.asarray(adapter.scale, x.dtype)
+
+
+def _project(x: jax.Array, features: int, bias: bool, name: str, cfg: ModelConfig, gate_from: int | None) -> jax.Array:
+    """`W x` (+ bias); with an adapter on `name`, plus its low-rank term on the tokens from `gate_from` on
+    (the tokens before are left exactly as they are: nothing is added to them, not even a zero)."""
+    y = _dense(features, bias, name, cfg)(x)
+    if gate_from is None or cfg.adapter is None or name not in cfg.adapter.targets:
+        return y
+    return y.at[:, gate_from:].add(LowRank(features, cfg, name=f"{name}_lora")(x[:, gate_from:]))
+
+
 class Attention(nn.Module):
     config: ModelConfig
     mesh: Any = None  # the device mesh, for attention kernels that run per device (attention.py)
     attention: str = "auto"  # the implementation (attention.py)
+    gate_from: int | None = None  # the adapter's first token (None: off)
 
     @nn.compact
     def __call__(self, x_BTD, positions_BT, mask, cache_kv):
-        cfg = self.config
+        cfg, gate = self.config, self.gate_from
         batch, num_tokens, _ = x_BTD.shape
-        q = _dense(cfg.num_heads * cfg.head_dim, cfg.qkv_bias, "q_proj", cfg)(x_BTD)
-        k = _dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "k_proj", cfg)(x_BTD)
-        v = _dense(cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "v_proj", cfg)(x_BTD)
+        q = _project(x_BTD, cfg.num_heads * cfg.head_dim, cfg.qkv_bias, "q_proj", cfg, gate)
+        k = _project(x_BTD, cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "k_proj", cfg, gate)
+        v = _project(x_BTD, cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias, "v_proj", cfg, gate)
         q_BTNH = q.reshape(batch, num_tokens, cfg.num_heads, cfg.head_dim)
         k_BTKH = k.reshape(batch, num_tokens, cfg.num_kv_heads, cfg.head_dim)
         v_BTKH = v.reshape(batch, num_tokens, cfg.num_kv_heads, cfg.head_dim)
@@ -76,18 +106,19 @@ class Attention(nn.Module):
             cache_k, cache_v, cache_mask = cache_kv
             parts.insert(0, (cache_k.astype(k_BTKH.dtype), cache_v.astype(v_BTKH.dtype), cache_mask))
         out = attention(q_BTNH, parts, self.attention, self.mesh).reshape(batch, num_tokens, cfg.num_heads * cfg.head_dim)
-        return _dense(cfg.hidden_size, cfg.o_bias, "o_proj", cfg)(out), (k_BTKH, v_BTKH)
+        return _project(out, cfg.hidden_size, cfg.o_bias, "o_proj", cfg, gate), (k_BTKH, v_BTKH)
 
 
 class MLP(nn.Module):
     config: ModelConfig
+    gate_from: int | None = None
 
     @nn.compact
     def __call__(self, x):
-        cfg = self.config
-        gate = _dense(cfg.intermediate_size, False, "gate_proj", cfg)(x)
-        up = _dense(cfg.intermediate_size, False, "up_proj", cfg)(x)
-        return _dense(cfg.hidden_size, False, "down_proj", cfg)(nn.silu(gate) * up)
+        cfg, g = self.config, self.gate_from
+        gate = _project(x, cfg.intermediate_size, False, "gate_proj", cfg, g)
+        up = _project(x, cfg.intermediate_size, False, "up_proj", cfg, g)
+        return _project(nn.silu(gate) * up, cfg.hidden_size, False, "down_proj", cfg, g)
 
 
 class DecoderLayer(nn.Module):
@@ -96,16 +127,17 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
     mesh: Any = None
     attention: str = "auto"
+    gate_from: int | None = None
 
     @nn.compact
     def __call__(self, x, positions, mask, cache_mask, cache_kv):
         cfg = self.config
         norm = dict(eps=cfg.rms_norm_eps, dtype=cfg.compute_dtype, param_dtype=cfg.weights_dtype)
         layer_cache = None if cache_kv is None else (cache_kv[0], cache_kv[1], cache_mask)
-        h, new_kv = Attention(cfg, self.mesh, self.attention, name="self_attn")(
+        h, new_kv = Attention(cfg, self.mesh, self.attention, self.gate_from, name="self_attn")(
             RMSNorm(**norm, name="input_layernorm")(x), positions, mask, layer_cache)
         x = x + h
-        x = x + MLP(cfg, name="mlp")(RMSNorm(**norm, name="post_attention_layernorm")(x))
+        x = x + MLP(cfg, self.gate_from, name="mlp")(RMSNorm(**norm, name="post_attention_layernorm")(x))
         return x, new_kv
 
 
@@ -122,12 +154,15 @@ class Transformer(nn.Module):
     `mesh`: the `(data, fsdp, tensor)` mesh the inputs are sharded over (training); attention kernels
     that run per device (splash) then run on each device's share under `shard_map`. `attention` (the
     implementation, attention.py) and `remat` (none | full | dots: what the backward pass recomputes)
-    change how training runs, not what it computes; decoding keeps the defaults."""
+    change how training runs, not what it computes; decoding keeps the defaults. `gate_from`: the
+    forward's first token that the adapter applies to (its block), None for none; no effect without
+    `config.adapter`."""
 
     config: ModelConfig
     mesh: Any = None
     attention: str = "auto"
     remat: str = "none"
+    gate_from: int | None = None
 
     @nn.compact
     def __call__(
@@ -137,12 +172,14 @@ class Transformer(nn.Module):
         mask: jax.Array | masks.SBDTrainingMask | None = None,
         cache: KVCache | None = None,
         compute_logits: bool = True,
+        cache_mask: jax.Array | None = None,
     ) -> tuple[jax.Array, NewKV]:
         """Runs the model on `tokens_BT` at `positions_BT`.
 
         mask: boolean `[T, T]` or `[B, T, T]` among these tokens (default causal), or an
             `SBDTrainingMask` for the clean|noisy training layout.
-        cache: if given, the tokens also see each row's first `cache.lengths[b]` cached slots.
+        cache: if given, the tokens also see each row's first `cache.lengths[b]` cached slots (or, with
+            `cache_mask` `[B, T, S]`, the slots it allows each token: training's noisy half over the clean one).
         Returns logits `[B, T, vocab]` in float32 (or the final hidden states when
         `compute_logits=False`) and the tokens' K/V for `kv_cache.append`.
         """
@@ -152,7 +189,13 @@ class Transformer(nn.Module):
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
                          param_dtype=cfg.weights_dtype, embedding_init=_init, name="embed_tokens")
         x = embed(tokens_BT)
-        cache_mask = None if cache is None else valid_slots(cache)
+        gate = self.gate_from if cfg.adapter is not None else None
+        if gate is not None:  # the block's mask tokens read the adapter's embedding of the mask token
+            own = self.param("adapter_mask_embedding", _init, (cfg.hidden_size,), cfg.weights_dtype)
+            is_mask = (tokens_BT[:, gate:] == cfg.mask_token_id)[..., None]
+            x = x.at[:, gate:].set(jnp.where(is_mask, own.astype(x.dtype), x[:, gate:]))
+        if cache is not None and cache_mask is None:
+            cache_mask = valid_slots(cache)
         cache_kv = None if cache is None else (cache.k, cache.v)
         layer_cls = _layer_class(self.remat, cfg.scan_layers)
         if cfg.scan_layers:
@@ -163,12 +206,14 @@ class Transformer(nn.Module):
                 in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
                 length=cfg.num_layers,
             )
-            x, (k_new, v_new) = stack(cfg, self.mesh, self.attention, name="layers")(x, positions_BT, mask, cache_mask, cache_kv)
+            x, (k_new, v_new) = stack(cfg, self.mesh, self.attention, gate, name="layers")(
+                x, positions_BT, mask, cache_mask, cache_kv)
         else:
             ks, vs = [], []
             for i in range(cfg.num_layers):
                 layer_kv = None if cache_kv is None else (cache_kv[0][i], cache_kv[1][i])
-                x, (k, v) = layer_cls(cfg, self.mesh, self.attention, name=f"layers_{i}")(x, positions_BT, mask, cache_mask, layer_kv)
+                x, (k, v) = layer_cls(cfg, self.mesh, self.attention, gate, name=f"layers_{i}")(
+                    x, positions_BT, mask, cache_mask, layer_kv)
                 ks.append(k)
                 vs.append(v)
             k_new, v_new = jnp.stack(ks), jnp.stack(vs)

@@ -152,6 +152,56 @@ def sbd_loss(
     return loss, metrics
 
 
+def adapter_sbd_loss(
+    adapter: Any,
+    base: Any,
+    model: Transformer,
+    batch: Batch,
+    rng: jax.Array,
+    *,
+    block_size: Any,
+    mask_id: int,
+    w_matp: float = 1.0,
+    eta_range: tuple[float, float] = (0.0, 1.0),
+    end_ids: tuple[int, ...] = (),
+    block_sizes: tuple[int, int] | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """SBD's MATP loss for a gated adapter (`sbd_jax.adapter`) on a frozen `base`: gradients reach `adapter` only.
+
+    Same noise, layout and attention as `sbd_loss`, run as two forwards: the clean half by the base alone
+    (no adapter acts there and nothing trainable reaches it, so it is forward-only: only its K/V are kept,
+    and no gradient flows back into it), then the noisy half, with the adapter, attending to those K/V as
+    to a cache under the training mask's noisy-to-clean part. The NTP term is the base's own and constant,
+    so it is neither computed nor trained (`ntp_loss` reads 0); the loss is `w_matp * MATP`.
+    """
+    from sbd_jax.adapter import merge
+    from sbd_jax.kv_cache import KVCache
+
+    seq_len = batch.tokens.shape[1]
+    layout = noisy_layout(batch, block_size, end_ids)
+    masked = noise(layout.segment_ids, rng, eta_range)
+    inputs, positions, attn = training_inputs(batch, layout, masked, mask_id, block_size, block_sizes)
+    clean, noisy = jnp.arange(seq_len), seq_len + jnp.arange(seq_len)
+    _, clean_kv = model.apply({"params": base}, batch.tokens, batch.positions, mask=attn.allowed(clean, clean),
+                              compute_logits=False)
+    clean_kv = jax.lax.stop_gradient(clean_kv)
+    cache = KVCache(clean_kv.k, clean_kv.v, jnp.full((batch.tokens.shape[0],), seq_len, jnp.int32))
+    params = merge(base, adapter)
+    hidden, _ = model.clone(gate_from=0).apply(
+        {"params": params}, inputs[:, seq_len:], positions[:, seq_len:], mask=attn.allowed(noisy, noisy),
+        cache=cache, cache_mask=attn.allowed(noisy, clean), compute_logits=False)
+    ce = token_cross_entropy(hidden, output_kernel(params, model.config), layout.tokens)
+    full_blocks = (seq_len // block_size) * block_size
+    matp_weight = masked & layout.loss_mask & (jnp.arange(seq_len) < full_blocks)[None]
+    matp_count = matp_weight.sum()
+    matp_loss = jnp.sum(ce * matp_weight) / jnp.maximum(matp_count, 1)
+    zero = jnp.zeros((), jnp.float32)
+    return w_matp * matp_loss, {
+        "loss": w_matp * matp_loss, "ntp_loss": zero, "matp_loss": matp_loss,
+        "masked_fraction": masked.sum() / jnp.maximum((layout.segment_ids > 0).sum(), 1),
+        "ntp_tokens": jnp.zeros((), jnp.int32), "matp_tokens": matp_count, "tokens": (batch.segment_ids > 0).sum()}
+
+
 def training_inputs(batch: Batch, layout: NoisyLayout, masked: jax.Array, mask_id: int, block_size: Any,
                     block_sizes: tuple[int, int] | None = None) -> tuple[jax.Array, jax.Array, SBDTrainingMask]:
     """The one forward's `[clean | noisy]` tokens and positions `[B, 2L]` and its attention mask."""

@@ -59,7 +59,7 @@ class BlockDecoder(Decoder):
             jnp.concatenate([causal, jnp.zeros_like(causal)], axis=2),  # committed tokens never see the block
             jnp.concatenate([sees_pending, jnp.ones_like(causal)], axis=2),
         ], axis=1)
-        hidden, kv = Transformer(self.config).apply(
+        hidden, kv = Transformer(self.config, gate_from=k).apply(  # an adapter acts on the block alone
             {"params": params}, jnp.concatenate([pending_BK, block_BK], axis=1),
             jnp.concatenate([pending_pos, block_pos], axis=1), mask=mask, cache=cache, compute_logits=False)
         logits = vocab_logits(hidden if causal_logits else hidden[:, k:], output_kernel(params, self.config))
@@ -119,7 +119,7 @@ class SBDDecoder(BlockDecoder):
         """A later pass over the partly revealed block; the cache is only read."""
         k = self.block_size
         positions = cache.lengths[:, None] + jnp.arange(k)
-        logits, _ = Transformer(self.config).apply({"params": params}, block_BK, positions,
+        logits, _ = Transformer(self.config, gate_from=0).apply({"params": params}, block_BK, positions,
                                                    mask=masks.bidirectional(k), cache=cache)
         return logits
 

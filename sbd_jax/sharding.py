@@ -27,6 +27,7 @@ LOGICAL_RULES: dict[str, Any] = {
     "mlp": "tensor",
     "layers": None,
     "norm": None,
+    "rank": None,  # an adapter's low rank: small, replicated
 }
 
 # param module name -> logical axes of its weight (kernel / embedding), HF's in->out order as stored here
@@ -62,8 +63,11 @@ def logical_axes(path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
     """Logical axis names of the param at `path` (a leading stacked-layers axis included)."""
     stacked = "layers" in path
     base = ndim - int(stacked)
-    module, leaf = path[-2], path[-1]
-    if leaf in ("kernel", "embedding") and module in _PARAM_AXES:
+    module, leaf = (("",) + tuple(path))[-2:]
+    if module.endswith("_lora") and module[:-len("_lora")] in _PARAM_AXES:  # A [in, rank], B [rank, out]
+        into, out = _PARAM_AXES[module[:-len("_lora")]]
+        names = (into, "rank") if leaf == "a" else ("rank", out)
+    elif leaf in ("kernel", "embedding") and module in _PARAM_AXES:
         names: tuple[str | None, ...] = _PARAM_AXES[module]
     elif leaf == "bias" and module in _PARAM_AXES:
         names = (_PARAM_AXES[module][-1],)

@@ -11,7 +11,7 @@ import dataclasses
 import os
 from typing import Any
 
-from sbd_jax.config import DTYPES
+from sbd_jax.config import ADAPTER_TARGETS, DTYPES, AdapterConfig
 from sbd_jax.errors import UserError
 
 REMAT_POLICIES = ("none", "full", "dots")
@@ -163,8 +163,26 @@ class CheckpointConfig:
         _at_least("checkpoint.keep_period", self.keep_period, 0, "0: keep only the last checkpoint.keep")
 
 
+@dataclasses.dataclass(frozen=True)
+class AdapterSection:
+    """The gated adapter (`sbd_jax.adapter`): rank 0 (the default) fine-tunes every weight as the paper
+    does; rank > 0 freezes the base and trains only a low-rank adapter that acts on block positions."""
+
+    rank: int = 0
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ADAPTER_TARGETS
+
+    def __post_init__(self) -> None:
+        _at_least("adapter.rank", self.rank, 0, "0 = no adapter: full fine-tuning")
+        if self.rank:
+            self.model_config()  # its own checks, with its own messages
+
+    def model_config(self) -> AdapterConfig | None:
+        return AdapterConfig(rank=self.rank, alpha=self.alpha, targets=self.targets) if self.rank else None
+
+
 SECTIONS = dict(distributed=DistributedConfig, model=ModelSection, data=DataConfig, objective=ObjectiveConfig,
-                train=LoopConfig, optimizer=OptimizerConfig, checkpoint=CheckpointConfig)
+                train=LoopConfig, optimizer=OptimizerConfig, checkpoint=CheckpointConfig, adapter=AdapterSection)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +196,7 @@ class TrainConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
+    adapter: AdapterSection = AdapterSection()
     seed: int = 0
     multihost: bool = False  # True: jax.distributed.initialize() (one process per host)
     mesh: tuple[int, ...] = (1, -1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
@@ -195,6 +214,9 @@ class TrainConfig:
         if self.optimizer.decay_steps > self.train.steps:
             raise UserError(f"config optimizer.decay_steps={self.optimizer.decay_steps} must be in [0, train.steps]")
 
+        if self.adapter.rank and self.objective.kind != "sbd":
+            raise UserError("config adapter.rank > 0 trains SBD's blocks: it needs objective.kind=sbd (an NTP "
+                            "adapter would leave the base model's outputs as they are)")
         if len(self.mesh) != 3:
             raise UserError(f"config mesh={self.mesh}: give (data, fsdp, tensor), -1 for the remaining devices")
         if self.init_from and not os.path.isdir(os.path.join(self.init_from, "checkpoints")):

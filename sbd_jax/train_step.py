@@ -17,7 +17,7 @@ from sbd_jax import sharding
 from sbd_jax.config import ModelConfig
 from sbd_jax.data import Packed
 from sbd_jax.model import Transformer
-from sbd_jax.objective import Batch, ntp_loss, sbd_loss
+from sbd_jax.objective import Batch, adapter_sbd_loss, ntp_loss, sbd_loss
 from sbd_jax.train_config import OptimizerConfig, TrainConfig
 
 
@@ -85,24 +85,31 @@ class ObjectiveSpec:
     block_sizes: tuple[int, int] | None = None  # (min, max) of a traced block size; None: a Python int
     end_ids: tuple[int, ...] = ()  # the model's EOS ids: what the noisy half predicts after a document's end
     grad_accum: int = 1  # micro-batches whose gradients are averaged
+    adapter: bool = False  # the state's params are a gated adapter over frozen base weights (adapter_sbd_loss)
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, config: ModelConfig) -> "ObjectiveSpec":
         obj = cfg.objective
         return cls(kind=obj.kind, mask_id=config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
                    eta_range=(obj.eta_min, obj.eta_max), block_sizes=(obj.block_size_min, obj.block_size_max),
-                   end_ids=tuple(config.eos_token_ids or ()), grad_accum=cfg.train.grad_accum)
+                   end_ids=tuple(config.eos_token_ids or ()), grad_accum=cfg.train.grad_accum,
+                   adapter=cfg.adapter.rank > 0)
 
 
-def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any, *, model: Transformer,
-               tx: optax.GradientTransformation, schedule: Any,
+def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any, frozen: Any = None, *,
+               model: Transformer, tx: optax.GradientTransformation, schedule: Any,
                spec: ObjectiveSpec) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step; the batch is split into `spec.grad_accum` micro-batches whose grads are averaged.
 
     `block_size`: a Python int (a step for that size) or a traced int32 scalar in `spec.block_sizes`
-    (min, max): one compiled step for every size.
+    (min, max): one compiled step for every size. `frozen`: with `spec.adapter`, the base weights the
+    adapter in `state.params` sits on (an input, never updated: no gradient and no optimizer state).
     """
     def loss_fn(params, micro, micro_rng):
+        if spec.adapter:
+            return adapter_sbd_loss(params, frozen, model, micro, micro_rng, block_size=block_size,
+                                    mask_id=spec.mask_id, w_matp=spec.weights[1], eta_range=spec.eta_range,
+                                    end_ids=spec.end_ids, block_sizes=spec.block_sizes)
         if spec.kind == "ntp":
             return ntp_loss(params, model, micro)
         return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=spec.mask_id,
@@ -133,12 +140,15 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any,
 
 
 def jitted_train_step(cfg: TrainConfig, model: Transformer, tx: optax.GradientTransformation,
-                      schedule: Any, mesh: Any, state_shardings: TrainState) -> Any:
-    """`train_step(state, batch, rng, block_size)` jitted with the mesh's shardings and the state donated;
-    the block size is a traced int32 argument, so every size of the config's range shares one compile."""
+                      schedule: Any, mesh: Any, state_shardings: TrainState, frozen_shardings: Any = None) -> Any:
+    """`train_step(state, batch, rng, block_size[, frozen])` jitted with the mesh's shardings and the state
+    donated; the block size is a traced int32 argument, so every size of the config's range shares one
+    compile. An adapter run (`frozen_shardings` given) also takes the frozen base weights."""
     step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                              spec=ObjectiveSpec.from_config(cfg, model.config))
     batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
     replicated = sharding.replicated(mesh)
-    return jax.jit(step, in_shardings=(state_shardings, batch_sh, replicated, replicated),
-                   out_shardings=(state_shardings, replicated), donate_argnums=(0,))
+    shardings = (state_shardings, batch_sh, replicated, replicated)
+    if frozen_shardings is not None:
+        shardings += (frozen_shardings,)
+    return jax.jit(step, in_shardings=shardings, out_shardings=(state_shardings, replicated), donate_argnums=(0,))

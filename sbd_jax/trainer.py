@@ -18,8 +18,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sbd_jax import sharding, streaming, train_checkpoints
+from sbd_jax.adapter import fingerprint, init_adapter, save_adapter
 from sbd_jax.checkpoints.load import load_model, resolve
 from sbd_jax.config import ModelConfig, RopeScaling
 from sbd_jax.errors import UserError
@@ -88,9 +90,16 @@ class Trainer:
             raise UserError(f"micro-batch {micro} (batch_size / grad_accum) is not divisible by the "
                             f"{batch_ways} data x fsdp devices of mesh {tuple(self.mesh.shape.values())}")
         self.config, params, self.tokenizer = self._model()
+        base_fingerprint = fingerprint(params) if cfg.adapter.rank else ""  # the user's weights, as loaded
         if cfg.objective.kind == "sbd":
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
+        self.frozen: Any = None  # an adapter run's base weights: an input of every step, never trained
+        if cfg.adapter.rank:
+            self.config = self.config.replace(adapter=cfg.adapter.model_config())
+            self.base = {"name": cfg.model.name, "fingerprint": base_fingerprint, "mask_token": cfg.data.mask_token}
+            self.frozen = jax.device_put(params, sharding.param_shardings(params, self.mesh))
+            params = init_adapter(self.config, params, cfg.seed)
         self.iterator = streaming.host_batches(
             cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed,
             host=jax.process_index(), hosts=jax.process_count())
@@ -114,8 +123,9 @@ class Trainer:
         if self._step is not None:
             return self._step, 0.0
         began = time.perf_counter()
+        frozen = None if self.frozen is None else jax.tree.map(lambda x: x.sharding, self.frozen)
         step = jitted_train_step(self.cfg, self.model, self.tx, self.schedule, self.mesh,
-                                 jax.tree.map(lambda x: x.sharding, self.state))
+                                 jax.tree.map(lambda x: x.sharding, self.state), frozen)
         self._step = step.lower(*example).compile()
         return self._step, time.perf_counter() - began
 
@@ -151,8 +161,9 @@ class Trainer:
                 batch = global_batch(host_batch, self.mesh)
                 rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
                 block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
-                compiled, compile_seconds = self.compiled_step((self.state, batch, rng, block_size))
-                self.state, metrics = compiled(self.state, batch, rng, block_size)
+                inputs = (self.state, batch, rng, block_size) + (() if self.frozen is None else (self.frozen,))
+                compiled, compile_seconds = self.compiled_step(inputs)
+                self.state, metrics = compiled(*inputs)
                 stop.unsaved = True
                 window.add(step + 1, k, metrics, compile_seconds)  # stays on device until the window's fetch
                 # Step N is queued; wait for N - 1. Unbounded, dispatch ran ahead to the next fetch and
@@ -180,7 +191,7 @@ class Trainer:
             raise UserError(f"stopped by SIGTERM after step {stopped_at} of {total}: its checkpoint is saved in "
                             f"{self.workdir}; run the same command again to continue")
         if self.cfg.export_hf and end == total:
-            self.export(os.path.join(self.workdir, "hf"))
+            self.export(os.path.join(self.workdir, "adapter" if self.frozen is not None else "hf"))
         return logged
 
     def _flops_per_step(self) -> float:
@@ -194,9 +205,19 @@ class Trainer:
         self.export(path)
 
     def export(self, path: str) -> None:
-        """Writes the trained model (with its mask token) as an HF directory. Every process takes part
-        (parameters may be sharded across hosts); process 0 writes, one safetensors file at a time."""
+        """Writes the trained model (with its mask token) as an HF directory, or an adapter run's adapter
+        (`sbd_jax.adapter`: load it onto the same base). Every process takes part (parameters may be
+        sharded across hosts); process 0 writes, one safetensors file at a time."""
         from sbd_jax.checkpoints.hf import save_hf
+
+        if self.frozen is not None:
+            from jax.experimental import multihost_utils
+
+            adapter = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)),
+                                   self.state.params)
+            if jax.process_index() == 0:
+                save_adapter(path, self.config, adapter, self.base)
+            return
 
         save_hf(path, self.config.replace(param_dtype="float32"), self.state.params,
                 tokenizer=self.tokenizer if jax.process_index() == 0 else None)

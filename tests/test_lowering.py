@@ -97,3 +97,15 @@ def test_the_8b_configs_lower_for_tpu_and_cuda(capsys):
         assert steps["tpu"]["mosaic_calls"] == 4 * 15 and steps["tpu"]["dense_layout_arrays"] == 0
         assert steps["cuda"]["mosaic_calls"] == 0 and steps["cuda"]["dense_layout_arrays"] == 0
         assert len(results) == 2 * 7
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+def test_the_gated_adapter_train_step_lowers_on_the_mesh(platform):
+    """The adapter run's step (adapter state, frozen base as an input, both sharded by the rules) lowers."""
+    import dataclasses
+
+    from sbd_jax.train_config import AdapterSection
+
+    cfg, config, mesh = _setup("reference")
+    lowered = lower_train_step(dataclasses.replace(cfg, adapter=AdapterSection(rank=8)), config, mesh, platform)
+    assert lowered.mosaic_calls == 0
