@@ -1,6 +1,7 @@
 """Lower and compile the SBD train step of the 8B configs on simulated devices; report per-device memory.
 
     python -m benchmarks.compile_8b [--config configs/llama3_8b.py] [--devices 8] [--micro-batch 8]
+    python -m benchmarks.compile_8b --config configs/llama3_8b.py --devices 1 --micro-batch 1 --adapter-rank 16
 
 No weights are loaded: parameter and optimizer shapes come from `jax.eval_shape`. The memory figures
 are XLA's own accounting of the compiled executable for one device (arguments, outputs, temporaries),
@@ -19,7 +20,8 @@ from sbd_jax.evaluation.results import write_json
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: int | None = None) -> dict:
+def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: int | None = None,
+                   adapter_rank: int = 0) -> dict:
     import jax
 
     from sbd_jax import sharding
@@ -31,11 +33,14 @@ def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: in
         cfg.data.seq_len = seq_len
     # memory is per micro-batch; accumulation only adds a grads-sized buffer
     cfg.train.batch_size, cfg.train.grad_accum = micro_batch, 1
+    cfg.adapter.rank = adapter_rank
+    if devices == 1:
+        cfg.mesh = (1, 1, 1)
     cfg = train_config(cfg, architecture)
     config = model_config(cfg)
     mesh = sharding.make_mesh(tuple(cfg.mesh), jax.devices()[:devices])
     step, args = train_step_inputs(cfg, config, mesh)
-    params = args[0].params
+    params = args[0].params if not adapter_rank else args[4]  # the model's weights, trained or frozen
     began = time.perf_counter()
     lowered = step.lower(*args)
     compiled = lowered.compile()
@@ -46,7 +51,8 @@ def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: in
                   - memory.alias_size_in_bytes)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     return {"config": os.path.basename(config_path), "params_billion": n_params / 1e9, "devices": devices,
-            "mesh": dict(mesh.shape), "micro_batch": micro_batch, "seq_len": cfg.data.seq_len,
+            "mesh": dict(mesh.shape), "micro_batch": micro_batch, "adapter_rank": adapter_rank,
+            "trained_params_million": sum(x.size for x in jax.tree.leaves(args[0].params)) / 1e6, "seq_len": cfg.data.seq_len,
             "compile_seconds": seconds, "argument_gib": memory.argument_size_in_bytes / gib,
             "output_gib": memory.output_size_in_bytes / gib, "temp_gib": memory.temp_size_in_bytes / gib,
             "alias_gib": memory.alias_size_in_bytes / gib, "per_device_gib": per_device / gib}
@@ -58,13 +64,16 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--adapter-rank", type=int, default=0,
+                        help="> 0: the gated adapter's step (base frozen, an input); results get an _adapter suffix")
     args = parser.parse_args()
     os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
     for path in args.config:
         report = compile_report(os.path.join(ROOT, path) if not os.path.isabs(path) else path, args.devices,
-                                args.micro_batch, args.seq_len)
+                                args.micro_batch, args.seq_len, args.adapter_rank)
         print(json.dumps(report), flush=True)
-        out = os.path.join(ROOT, "benchmarks", "results", f"compile_8b_{os.path.basename(path)[:-3]}.json")
+        suffix = f"_adapter_{args.devices}dev" if args.adapter_rank else ""
+        out = os.path.join(ROOT, "benchmarks", "results", f"compile_8b_{os.path.basename(path)[:-3]}{suffix}.json")
         write_json(out, report)
 
 
