@@ -45,6 +45,11 @@ def get_base() -> ml_collections.ConfigDict:
     c.objective.w_matp = 1.0
     c.objective.eta_min = 0.0
     c.objective.eta_max = 1.0
+    # What the drafts train on (sbd_jax/objective.py DraftTraining; 0 = the paper's objective): the share of
+    # rows masked entirely, the MATP weight's decay scale over block positions, the weight of soft targets.
+    c.objective.full_mask_share = 0.0
+    c.objective.position_decay = 0.0
+    c.objective.soft_target = 0.0
 
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100

@@ -70,15 +70,18 @@ def init_adapter(config: ModelConfig, base_params: dict, seed: int = 0) -> dict:
 
 
 def fingerprint(params: dict) -> str:
-    """A short hash of a parameter tree: every tensor's path, shape and dtype and up to 4,096 of its values
-    (evenly spaced). Tells one base from another without hashing gigabytes."""
+    """A short hash of a parameter tree: every tensor's path and shape and up to 4,096 of its values (evenly
+    spaced, rounded to bfloat16). Tells one base from another without hashing gigabytes, and is the same
+    for the same weights loaded per layer or scanned, in float32 or bfloat16."""
+    import ml_dtypes
+
     digest = hashlib.sha256()
-    for path, leaf in sorted(_flat(params).items()):
+    for path, leaf in sorted(_flat(_per_layer(params)).items()):
         array = np.asarray(leaf)
         flat = array.reshape(-1)
-        sample = flat[:: max(1, flat.size // 4096)].astype(np.float32)
-        digest.update(f"{path}|{array.shape}|{array.dtype}|".encode())
-        digest.update(sample.tobytes())
+        sample = flat[:: max(1, flat.size // 4096)].astype(np.float32).astype(ml_dtypes.bfloat16)
+        digest.update(f"{path}|{array.shape}|".encode())
+        digest.update(sample.astype(np.float32).tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -104,12 +107,13 @@ def _unflat(flat: dict[str, Any]) -> dict:
     return tree
 
 
-def _per_layer(adapter: dict, num_layers: int) -> dict:
+def _per_layer(tree: dict) -> dict:
     """A scanned model's stacked `layers` subtree as `layers_0 ..` (the file's layout, whatever the run's)."""
-    if "layers" not in adapter:
-        return adapter
-    rest = {k: v for k, v in adapter.items() if k != "layers"}
-    return {**rest, **{f"layers_{i}": jax.tree.map(lambda x: np.asarray(x)[i], adapter["layers"])
+    if "layers" not in tree:
+        return tree
+    rest = {k: v for k, v in tree.items() if k != "layers"}
+    num_layers = jax.tree.leaves(tree["layers"])[0].shape[0]
+    return {**rest, **{f"layers_{i}": jax.tree.map(lambda x: np.asarray(x)[i], tree["layers"])
                        for i in range(num_layers)}}
 
 
@@ -120,7 +124,7 @@ def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, 
 
     os.makedirs(path, exist_ok=True)
     tensors = {name: np.ascontiguousarray(np.asarray(value, np.float32))
-               for name, value in _flat(_per_layer(jax.device_get(adapter), config.num_layers)).items()}
+               for name, value in _flat(_per_layer(jax.device_get(adapter))).items()}
     save_file(tensors, os.path.join(path, WEIGHTS))
     meta = {"format": FORMAT, "rank": config.adapter.rank, "alpha": config.adapter.alpha,
             "targets": list(config.adapter.targets), "mask_token_id": config.mask_token_id,

@@ -94,9 +94,20 @@ class ObjectiveConfig:
     w_matp: float = 1.0
     eta_min: float = 0.0
     eta_max: float = 1.0
+    # What the drafts train on (objective.DraftTraining; 0 = the paper's objective): the share of rows
+    # masked entirely, the MATP weight's decay scale over block positions, the weight of soft targets.
+    full_mask_share: float = 0.0
+    position_decay: float = 0.0
+    soft_target: float = 0.0
 
     def __post_init__(self) -> None:
         _one_of("objective.kind", self.kind, ("sbd", "ntp"))
+        for name in ("full_mask_share", "soft_target"):
+            if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too
+                raise UserError(f"config objective.{name}={getattr(self, name)} must be in [0, 1]")
+        if not 0.0 <= self.position_decay < float("inf"):
+            raise UserError(f"config objective.position_decay={self.position_decay} must be a finite number >= 0 "
+                            "(0 = equal weights)")
         if self.block_size_min > self.block_size_max:
             raise UserError(f"config objective.block_size_min={self.block_size_min} > "
                             f"block_size_max={self.block_size_max}")
@@ -174,8 +185,7 @@ class AdapterSection:
 
     def __post_init__(self) -> None:
         _at_least("adapter.rank", self.rank, 0, "0 = no adapter: full fine-tuning")
-        if self.rank:
-            self.model_config()  # its own checks, with its own messages
+        AdapterConfig(rank=max(self.rank, 1), alpha=self.alpha, targets=self.targets)  # its checks, even when off
 
     def model_config(self) -> AdapterConfig | None:
         return AdapterConfig(rank=self.rank, alpha=self.alpha, targets=self.targets) if self.rank else None

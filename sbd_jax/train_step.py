@@ -17,7 +17,7 @@ from sbd_jax import sharding
 from sbd_jax.config import ModelConfig
 from sbd_jax.data import Packed
 from sbd_jax.model import Transformer
-from sbd_jax.objective import Batch, adapter_sbd_loss, ntp_loss, sbd_loss
+from sbd_jax.objective import Batch, DraftTraining, adapter_sbd_loss, ntp_loss, sbd_loss
 from sbd_jax.train_config import OptimizerConfig, TrainConfig
 
 
@@ -86,6 +86,7 @@ class ObjectiveSpec:
     end_ids: tuple[int, ...] = ()  # the model's EOS ids: what the noisy half predicts after a document's end
     grad_accum: int = 1  # micro-batches whose gradients are averaged
     adapter: bool = False  # the state's params are a gated adapter over frozen base weights (adapter_sbd_loss)
+    drafts: DraftTraining = DraftTraining()  # what the MATP term aims at beyond the paper's
 
     @classmethod
     def from_config(cls, cfg: TrainConfig, config: ModelConfig) -> "ObjectiveSpec":
@@ -93,7 +94,8 @@ class ObjectiveSpec:
         return cls(kind=obj.kind, mask_id=config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
                    eta_range=(obj.eta_min, obj.eta_max), block_sizes=(obj.block_size_min, obj.block_size_max),
                    end_ids=tuple(config.eos_token_ids or ()), grad_accum=cfg.train.grad_accum,
-                   adapter=cfg.adapter.rank > 0)
+                   adapter=cfg.adapter.rank > 0,
+                   drafts=DraftTraining(obj.full_mask_share, obj.position_decay, obj.soft_target))
 
 
 def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any, frozen: Any = None, *,
@@ -109,12 +111,12 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any,
         if spec.adapter:
             return adapter_sbd_loss(params, frozen, model, micro, micro_rng, block_size=block_size,
                                     mask_id=spec.mask_id, w_matp=spec.weights[1], eta_range=spec.eta_range,
-                                    end_ids=spec.end_ids, block_sizes=spec.block_sizes)
+                                    end_ids=spec.end_ids, block_sizes=spec.block_sizes, drafts=spec.drafts)
         if spec.kind == "ntp":
             return ntp_loss(params, model, micro)
         return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=spec.mask_id,
                         w_ntp=spec.weights[0], w_matp=spec.weights[1], eta_range=spec.eta_range,
-                        end_ids=spec.end_ids, block_sizes=spec.block_sizes)
+                        end_ids=spec.end_ids, block_sizes=spec.block_sizes, drafts=spec.drafts)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     grad_accum = spec.grad_accum

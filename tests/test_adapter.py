@@ -230,3 +230,12 @@ def test_train_py_trains_only_the_adapter_saves_it_and_resumes(tmp_path):
     (a,) = load(root).generate("c5b7a2+b8a6", chat=True, max_new_tokens=24)
     (b,) = tuned.generate("c5b7a2+b8a6", chat=True, max_new_tokens=24, mode="sbd", verify=True, block_size=4)
     assert a.token_ids == b.token_ids
+
+
+def test_the_fingerprint_is_the_same_scanned_or_per_layer_in_float32_or_bfloat16():
+    from sbd_jax.checkpoints.hf import stack_layers
+
+    base = jax.tree.map(np.asarray, base_params())
+    assert ad.fingerprint(stack_layers(base, BASE.num_layers)) == ad.fingerprint(base)
+    assert ad.fingerprint(jax.tree.map(lambda x: x.astype(jnp.bfloat16), base)) == ad.fingerprint(base)
+    assert ad.fingerprint(dict(base, norm={"weight": base["norm"]["weight"] * 1.5})) != ad.fingerprint(base)

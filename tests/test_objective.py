@@ -220,3 +220,78 @@ def test_training_layout_equals_block_decoding_when_the_answer_ends_inside_a_blo
 def test_bad_objective_settings(k, eta, seq_len, message):
     with pytest.raises(UserError, match=message):
         check_objective(k, eta, seq_len)
+
+
+def reference_draft_matp(params, batch, masked, decay, soft):
+    """The MATP term with position decay and soft targets, by loops: position i of a block (j = i mod k)
+    weighs exp(-j / decay); its target mixes the data token (1 - soft) and, where clean position i - 1
+    of the same document predicts token i, that position's distribution without the mask token (soft)."""
+    tokens, seg, pos, _ = (np.asarray(x) for x in batch)
+    noisy_tokens, noisy_seg, noisy_pos, noisy_loss = reference_layout(batch, K)
+    total, weights = 0.0, 0.0
+    for b in range(2):
+        noisy = np.where(masked[b], MASK, noisy_tokens[b])
+        inputs = np.concatenate([tokens[b], noisy])[None]
+        positions = np.concatenate([pos[b], noisy_pos[b]])[None]
+        segs = np.concatenate([seg[b], noisy_seg[b]])
+        mask = spec_mask(L, K) & (segs[:, None] == segs[None, :])
+        logits, _ = Transformer(CFG).apply({"params": params}, inputs, positions, mask=mask[None])
+        logits = np.asarray(logits[0], np.float64)
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        for i in range(L):
+            if not (masked[b, i] and noisy_loss[b, i] and i < (L // K) * K):
+                continue
+            term = -logp[L + i, noisy_tokens[b, i]]
+            if i > 0 and seg[b, i] == seg[b, i - 1] > 0 and noisy_seg[b, i] == seg[b, i] and noisy_pos[b, i] == pos[b, i]:
+                teacher = np.exp(logits[i - 1] - logits[i - 1].max())
+                teacher[MASK] = 0
+                teacher /= teacher.sum()
+                term = (1 - soft) * term + soft * -(teacher * logp[L + i]).sum()
+            w = np.exp(-(i % K) / decay) if decay else 1.0
+            total, weights = total + w * term, weights + w
+    return total / weights
+
+
+@pytest.mark.parametrize("decay, soft", [(2.0, 0.0), (0.0, 0.6), (1.5, 1.0)])
+def test_position_decay_and_soft_targets_equal_the_per_token_reference(decay, soft):
+    from sbd_jax.objective import DraftTraining
+
+    params = init_params(CFG, seed=3)
+    batch = make_batch()
+    rng = jax.random.key(7)
+    masked = np.asarray(noise(noisy_layout(batch, K, (EOS,)).segment_ids, rng))
+    _, plain = sbd_loss(params, Transformer(CFG), batch, rng, block_size=K, mask_id=MASK, end_ids=(EOS,))
+    _, metrics = sbd_loss(params, Transformer(CFG), batch, rng, block_size=K, mask_id=MASK, end_ids=(EOS,),
+                          drafts=DraftTraining(position_decay=decay, soft_target=soft))
+    expected = reference_draft_matp(params, batch, masked, decay, soft)
+    np.testing.assert_allclose(float(metrics["matp_loss"]), expected, rtol=1e-5)
+    assert abs(float(metrics["matp_loss"]) - float(plain["matp_loss"])) > 1e-3  # the option changes the loss
+    np.testing.assert_allclose(metrics["ntp_loss"], plain["ntp_loss"], rtol=1e-6)  # and only the MATP term
+
+
+def test_soft_targets_do_not_train_the_teacher():
+    """The clean half's distribution is a target, not a prediction: the MATP term's gradient with respect to
+    the clean hidden states (the teacher) is zero, with respect to the noisy ones (the student) it is not."""
+    from sbd_jax.objective import DraftTraining, _matp
+
+    batch = make_batch()
+    layout = noisy_layout(batch, K)
+    masked = jnp.ones((2, L), bool)
+    rng = np.random.RandomState(0)
+    noisy, clean = (jnp.asarray(rng.randn(2, L, 32), jnp.float32) for _ in range(2))
+    kernel = jnp.asarray(rng.randn(32, 50), jnp.float32)
+
+    def matp(noisy, clean):
+        ce = jnp.zeros((2, L))
+        return _matp(ce, noisy, clean, kernel, batch, layout, masked, K, MASK, DraftTraining(soft_target=1.0))[0]
+
+    to_student, to_teacher = jax.grad(matp, argnums=(0, 1))(noisy, clean)
+    assert float(jnp.abs(to_student).max()) > 1e-4 and float(jnp.abs(to_teacher).max()) == 0.0
+
+
+def test_full_mask_share_masks_whole_rows():
+    seg = jnp.ones((4000, 16), jnp.int32)
+    noised = np.asarray(noise(seg, jax.random.key(0), full_mask_share=0.5))
+    whole = noised.all(axis=1).mean()
+    assert abs(whole - (0.5 + 0.5 / 17)) < 0.03  # half by the share, 1 in 17 of the rest by η ~ U(0, 1)
+    assert np.asarray(noise(seg, jax.random.key(0), full_mask_share=1.0)).all()

@@ -59,6 +59,12 @@ def test_the_config_is_frozen():
     ("optimizer", "eps", 0.0, r"optimizer.eps=0.0 must be in \(0.0, inf\)"),
     ("optimizer", "weight_decay", -0.1, r"optimizer.weight_decay=-0.1 must be in \[0.0, inf\)"),
     ("optimizer", "final_lr_ratio", 2.0, r"optimizer.final_lr_ratio=2.0 must be in"),
+    ("objective", "full_mask_share", 1.5, r"objective.full_mask_share=1.5 must be in \[0, 1\]"),
+    ("objective", "soft_target", float("nan"), r"objective.soft_target=nan must be in \[0, 1\]"),
+    ("objective", "position_decay", -1.0, r"objective.position_decay=-1.0 must be a finite number >= 0"),
+    ("adapter", "rank", -2, r"adapter.rank=-2 must be >= 0 \(0 = no adapter"),
+    ("adapter", "alpha", 0.0, r"adapter alpha=0.0 must be a finite number > 0"),
+    ("adapter", "targets", ("q_proj", "lm_head"), r"adapter targets \('q_proj', 'lm_head'\): name each of"),
 ])
 def test_a_bad_key_type_or_value_is_named(section, key, value, message):
     cfg = tiny.get_config().to_dict()
@@ -85,3 +91,10 @@ def test_sections_check_themselves_when_built_directly():
         LoopConfig(batch_size=6, grad_accum=4)
     with pytest.raises(UserError, match="data.seq_len=1 must be >= 2"):
         DataConfig(seq_len=1)
+
+
+def test_an_adapter_needs_the_sbd_objective():
+    cfg = tiny.get_config().to_dict()
+    cfg["adapter"]["rank"], cfg["objective"]["kind"] = 4, "ntp"
+    with pytest.raises(UserError, match="adapter.rank > 0 trains SBD's blocks: it needs objective.kind=sbd"):
+        TrainConfig.from_config_dict(cfg)
