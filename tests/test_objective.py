@@ -54,19 +54,25 @@ def reference_layout(batch, k):
     return tokens, seg, pos, loss_mask
 
 
+def reference_logits(params, batch, masked, b):
+    """Row b's `[2L, V]` logits: its clean|noisy input under the training mask with segments, by hand."""
+    tokens, seg, pos, _ = (np.asarray(x) for x in batch)
+    noisy_tokens, noisy_seg, noisy_pos, _ = reference_layout(batch, K)
+    noisy = np.where(masked[b], MASK, noisy_tokens[b])
+    inputs = np.concatenate([tokens[b], noisy])[None]
+    positions = np.concatenate([pos[b], noisy_pos[b]])[None]
+    segs = np.concatenate([seg[b], noisy_seg[b]])
+    mask = spec_mask(L, K) & (segs[:, None] == segs[None, :])
+    return Transformer(CFG).apply({"params": params}, inputs, positions, mask=mask[None])[0][0]
+
+
 def reference_loss(params, batch, masked):
     """Per-token loops: the clean|noisy input, the training mask with segments, CE term by term."""
     tokens, seg, pos, loss_mask = (np.asarray(x) for x in batch)
     noisy_tokens, noisy_seg, noisy_pos, noisy_loss = reference_layout(batch, K)
     ntp_terms, matp_terms = [], []
     for b in range(2):
-        noisy = np.where(masked[b], MASK, noisy_tokens[b])
-        inputs = np.concatenate([tokens[b], noisy])[None]
-        positions = np.concatenate([pos[b], noisy_pos[b]])[None]
-        segs = np.concatenate([seg[b], noisy_seg[b]])
-        mask = spec_mask(L, K) & (segs[:, None] == segs[None, :])
-        logits, _ = Transformer(CFG).apply({"params": params}, inputs, positions, mask=mask[None])
-        logp = np.asarray(jax.nn.log_softmax(logits[0]))
+        logp = np.asarray(jax.nn.log_softmax(reference_logits(params, batch, masked, b)))
         for t in range(1, L):  # NTP: clean position t-1 predicts token t, same document, with loss
             if loss_mask[b, t] and seg[b, t] == seg[b, t - 1] and seg[b, t] > 0:
                 ntp_terms.append(-logp[t - 1, tokens[b, t]])
@@ -230,13 +236,7 @@ def reference_draft_matp(params, batch, masked, decay, soft):
     noisy_tokens, noisy_seg, noisy_pos, noisy_loss = reference_layout(batch, K)
     total, weights = 0.0, 0.0
     for b in range(2):
-        noisy = np.where(masked[b], MASK, noisy_tokens[b])
-        inputs = np.concatenate([tokens[b], noisy])[None]
-        positions = np.concatenate([pos[b], noisy_pos[b]])[None]
-        segs = np.concatenate([seg[b], noisy_seg[b]])
-        mask = spec_mask(L, K) & (segs[:, None] == segs[None, :])
-        logits, _ = Transformer(CFG).apply({"params": params}, inputs, positions, mask=mask[None])
-        logits = np.asarray(logits[0], np.float64)
+        logits = np.asarray(reference_logits(params, batch, masked, b), np.float64)
         logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
         for i in range(L):
             if not (masked[b, i] and noisy_loss[b, i] and i < (L // K) * K):
