@@ -19,6 +19,7 @@ import json
 import sys
 
 from sbd_jax.cli import run_cli
+from sbd_jax.decoders import DEFAULT_GAMMA
 from sbd_jax.errors import UserError
 from sbd_jax.settings import MODES
 from sbd_jax.verified_decoder import DRAFT_SOURCES
@@ -37,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="ntp: one token per forward; sbd: Entropy-Bounded block decoding")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=float, default=None,
-                   help="SBD: entropy budget per pass (0 = one token; default 0.35); not with --verify")
+                   help=f"SBD: entropy budget per pass (0 = one token; default {DEFAULT_GAMMA}); not with --verify")
     p.add_argument("--block-size", type=block_size_arg, default=16,
                    help="SBD: tokens per block; with --verify also 'auto': time blocks 4 / 8 / 16 on this machine "
                    "at this batch (greedy verified decoding of the first 64 tokens of each prompt, then bare "

@@ -22,7 +22,7 @@ class Settings:
     mode: str = "ntp"  # ntp: one token per forward; sbd: blocks of tokens per forward
     max_new_tokens: int = 128
     block_size: int = 16  # sbd: tokens per block
-    gamma: float | None = None  # sbd: entropy budget per pass (None: 0.35); not with verify
+    gamma: float | None = None  # sbd: entropy budget per pass (None: decoders.DEFAULT_GAMMA); not with verify
     proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
     drafts: str = "sbd"  # verify: what proposes the drafts: sbd (the masked block), lookup (n-grams of the

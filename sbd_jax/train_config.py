@@ -11,11 +11,11 @@ import dataclasses
 import os
 from typing import Any
 
+from sbd_jax.attention import IMPLEMENTATIONS
 from sbd_jax.config import ADAPTER_TARGETS, DTYPES, AdapterConfig
 from sbd_jax.errors import UserError
 
 REMAT_POLICIES = ("none", "full", "dots")
-ATTENTION_IMPLS = ("auto", "reference", "blockwise", "splash")  # see attention.py
 
 
 def _one_of(name: str, value: Any, allowed: tuple) -> None:
@@ -60,7 +60,7 @@ class ModelSection:
     def __post_init__(self) -> None:
         _one_of("model.dtype", self.dtype, tuple(DTYPES))
         _one_of("model.remat", self.remat, REMAT_POLICIES)
-        _one_of("model.attention", self.attention, ATTENTION_IMPLS)
+        _one_of("model.attention", self.attention, IMPLEMENTATIONS)
         if not self.name and not self.architecture:
             raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
 

@@ -20,6 +20,7 @@ from sbd_jax.model import Transformer
 from sbd_jax.objective import Batch, ntp_loss
 from sbd_jax.sampler import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
 from sbd_jax.settings import Settings
+from sbd_jax.tokenizer import encode_prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +84,8 @@ def decode(model: Trained, setting: dict, prompts: Sequence[Sequence[int]], max_
 
 
 def chat_prompt(tokenizer: Any, question: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
+    """A question as one user turn through the chat template (`sample.py --chat`'s encoding)."""
+    return encode_prompt(tokenizer, question, chat=True)
 
 
 Prompt = Callable[[Any, str], list[int]]  # (tokenizer, question) -> token ids the answer follows
