@@ -184,6 +184,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per row (default: the config's)")
     parser.add_argument("--decode-batch", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=16, help="the decoders' block size")
+    parser.add_argument("--adapter-rank", type=int, default=0,
+                        help="> 0: the gated adapter's train step (base frozen) at this rank")
     args = parser.parse_args(argv)
     # Simulated devices must be asked for before JAX starts its CPU backend.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -200,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         cfg.train.batch_size, cfg.train.grad_accum = args.micro_batch, 1
     if args.seq_len:
         cfg.data.seq_len = args.seq_len
+    cfg.adapter.rank = args.adapter_rank
     cfg = train_config(cfg, architecture)
     config = model_config(cfg)
     mesh = sharding.make_mesh(tuple(cfg.mesh), jax.devices()[: args.devices])

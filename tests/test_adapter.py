@@ -239,3 +239,19 @@ def test_the_fingerprint_is_the_same_scanned_or_per_layer_in_float32_or_bfloat16
     assert ad.fingerprint(stack_layers(base, BASE.num_layers)) == ad.fingerprint(base)
     assert ad.fingerprint(jax.tree.map(lambda x: x.astype(jnp.bfloat16), base)) == ad.fingerprint(base)
     assert ad.fingerprint(dict(base, norm={"weight": base["norm"]["weight"] * 1.5})) != ad.fingerprint(base)
+
+
+def test_the_recipes_evaluation_loads_an_adapter_onto_its_base_scanned(tmp_path):
+    from recipes.smollm2_sbd.eval import load as load_for_eval
+
+    root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "small_scale", "models", "sbd_arith")
+    plain = load(root)
+    config = plain.config.replace(adapter=AdapterConfig(rank=2))
+    path = str(tmp_path / "a")
+    ad.save_adapter(path, config, random_adapter_for(config, plain.params),
+                    {"name": root, "fingerprint": ad.fingerprint(plain.params), "mask_token": "new"})
+    tuned = load_for_eval("tuned", path, True, "float32", base=root)
+    assert tuned.config.adapter.rank == 2 and tuned.config.scan_layers
+    assert tuned.params["layers"]["mlp"]["down_proj_lora"]["b"].shape == (config.num_layers, 2, config.hidden_size)
+    with pytest.raises(UserError, match="was trained on a base with .*; load the base it names"):
+        load_for_eval("tuned", path, True, "float32", base="smollm2-135m")

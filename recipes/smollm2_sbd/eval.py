@@ -232,21 +232,29 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
     return out
 
 
-def load(name: str, spec: str, scan_layers: bool, dtype: str):
+def load(name: str, spec: str, scan_layers: bool, dtype: str, base: str | None = None):
+    """A model to evaluate: an HF directory / GGUF / known name, or a gated adapter's directory (train.py's
+    workdir/adapter) on `base`."""
     import jax
 
+    from sbd_jax.adapter import CONFIG, attach_adapter
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.evaluation.measure import Trained
 
-    loaded = load_model(spec, dtype=dtype, scan_layers=scan_layers)
-    return Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+    adapter = os.path.isfile(os.path.join(spec, CONFIG))
+    loaded = load_model(base if adapter else spec, dtype=dtype, scan_layers=scan_layers)
+    config, params, tokenizer = loaded.config, loaded.params, loaded.tokenizer
+    if adapter:
+        config, params, tokenizer = attach_adapter(spec, config, params, tokenizer)
+    return Trained(name, config, jax.device_put(params), tokenizer)
 
 
 def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | None = None) -> dict:
     """Runs the evaluation; `progress(results so far)` after the held-out loss, every row and the speed stage."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="smollm2-135m")
-    parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory (train workdir/hf)")
+    parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory (train workdir/hf), or a gated "
+                        "adapter's directory (workdir/adapter, on --base)")
     parser.add_argument("--ntp-control", default=None,
                         help="an NTP-only fine-tune on the same data (HF directory): its held-out loss is reported")
     parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
@@ -273,7 +281,7 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
               for split in ("valid", "test")}
     splits["humaneval"] = [Prompt(INSTRUCTION.format(prompt=p["prompt"])) for p in tasks]
     # Scanned layers compile each decoder in a fraction of the time (accuracy runs); unrolled for speed.
-    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype)}
+    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
     began = time.perf_counter()
     evaluations = Evaluations(args.cache, models, splits, args.max_new_tokens, args.batch_size)
     about = dict(device=str(jax.devices()[0]), dtype=dtype, prompts={k: len(v) for k, v in splits.items()},
