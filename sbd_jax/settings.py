@@ -26,7 +26,7 @@ class Settings:
     proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
     drafts: str = "sbd"  # verify: what proposes the drafts: sbd (the masked block), lookup (n-grams of the
-    # context: no fine-tune, no mask token needed) or hybrid (sbd's block where the last was fully accepted, else lookup)
+    # context: no fine-tune, no mask token needed) or hybrid (per row, whichever has had more drafts kept)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
 

@@ -20,17 +20,20 @@ from sbd_jax.sbd_decoder import BlockDecoder
 from sbd_jax.token_choice import draw, greedy_token, leading_true, sampling_logits, speculative_accept, without_token
 
 DRAFT_SOURCES = ("sbd", "lookup", "hybrid")
-# hybrid: the shortest context match whose continuation is drafted where SBD's block does not hold. Measured
-# (small-scale model, 128 validation problems, block 16): 1 -> 10.40 tokens per forward, 2 -> 11.02, 3 -> 11.12,
-# as SBD alone (weak short matches, rejected, cost SBD's recovery); on the real-text outputs lookup alone with
-# matches of >= 3 tokens replays at 1.54 tokens per forward against 1.88 with any match (block 8).
-HYBRID_MIN_NGRAM = 3
 
 
 def check_draft_source(drafts: str) -> None:
     """Raises UserError for an unknown draft source (callable before any model is loaded)."""
     if drafts not in DRAFT_SOURCES:
         raise UserError(f"unknown draft source {drafts!r}: use one of {', '.join(DRAFT_SOURCES)}")
+
+
+def sbd_preferred(sbd_accepted: jax.Array, sbd_uses: jax.Array, lookup_accepted: jax.Array,
+                  lookup_uses: jax.Array) -> jax.Array:
+    """Hybrid's choice, per row: SBD's block has had at least as many drafts kept per pass that verified
+    it as lookup's drafts per pass of theirs, each mean starting from one imagined pass with one kept
+    draft (so that a source is tried before it is judged, and a few passes decide)."""
+    return (sbd_accepted + 1) * (lookup_uses + 1) >= (lookup_accepted + 1) * (sbd_uses + 1)
 
 
 @struct.dataclass
@@ -51,6 +54,8 @@ class _VerifyState:
     accepted: jax.Array
     lookup_drafted: jax.Array
     lookup_accepted: jax.Array
+    sbd_uses: jax.Array  # [B] passes that verified drafts from SBD's block (hybrid's choice reads these)
+    lookup_uses: jax.Array  # [B] passes that verified lookup drafts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,18 +73,19 @@ class VerifiedSBDDecoder(BlockDecoder):
     - `lookup`: the tokens that followed the latest earlier occurrence of the context's last 1-4 tokens
       (`sbd_jax.lookup`), after every forward, accepted or not. The pass is the k pending tokens alone and
       needs no mask token: any causal LM, SBD-trained or not.
-    - `hybrid`: SBD's block where it holds (every draft of the previous block accepted), else lookup's
-      drafts from a match of at least `hybrid_min_ngram` tokens (2k-token pass): after a rejection SBD
-      has nothing to propose and lookup still may. Per block, not per position. Measured against the other order (lookup wherever the context has a match):
-      on the small-scale model lookup matches almost every block and its drafts are 5% right against SBD's
-      ~100%, so that order fell to 1.47 tokens per forward at block 8 against SBD's 6.77
-      (`benchmarks/results/lookup_decode_cpu.json` holds the rule's numbers).
+    - `hybrid`: both, per block (2k-token pass): each row keeps the mean number of drafts kept per pass
+      for each source and proposes lookup's drafts where the context has a match, unless SBD's mean is at
+      least lookup's (`sbd_preferred`); then SBD's block where it holds (every draft of the previous block
+      accepted) and, after a rejection, no drafts, so that the next pass's block holds. Where lookup has
+      no match, SBD's block if it holds. Fixed orders each lose where the other source is better: SBD's
+      block first fell to SBD's 1.09 tokens per forward on real text where its drafts are poor, lookup
+      first to 1.47 at block 8 on the small-scale model, where lookup matches almost every block, its
+      drafts are 5% right and SBD's ~100% (`benchmarks/results/lookup_decode_cpu.json`).
     Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
     shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
     """
 
     drafts: str = "sbd"
-    hybrid_min_ngram: int = HYBRID_MIN_NGRAM
 
     # The sampling branch's accept / resample rule (a class attribute: tests swap in broken variants).
     speculative_test = staticmethod(speculative_accept)
@@ -165,8 +171,7 @@ class VerifiedSBDDecoder(BlockDecoder):
 
         def lookup_block(history: jax.Array, count: jax.Array, first: jax.Array) -> tuple[jax.Array, jax.Array]:
             """[B, k]: `first` then lookup's drafts after it, and how many drafts (room left permitting)."""
-            found, n = lookup_drafts(history, prompt_lens_B + count, k - 1,
-                                     min_ngram=self.hybrid_min_ngram if masked else 1)
+            found, n = lookup_drafts(history, prompt_lens_B + count, k - 1)
             return jnp.concatenate([first[:, None], found], axis=1), jnp.minimum(n, self.max_new_tokens - count)
 
         def point_mass(tokens: jax.Array) -> jax.Array:  # [B, k, V] logits of δ at each token
@@ -215,19 +220,26 @@ class VerifiedSBDDecoder(BlockDecoder):
                 pending_count = jnp.where(whole, 1 + jnp.minimum(k - 1, room), pending_count)
                 if sampling:
                     draft_logits = self.next_draft_logits(q_logits)
+            drafted_now = jnp.where(live, (is_draft & ~eos_before).sum(axis=1), 0)
+            accepted_now = jnp.where(live, jnp.minimum(accepted, kept), 0)
+            accepted_sum = s.accepted + accepted_now
+            lookup_accepted = s.lookup_accepted + jnp.where(s.from_lookup, accepted_now, 0)
+            verified_drafts = live & (s.pending_count > 1)
+            sbd_uses = s.sbd_uses + (verified_drafts & ~s.from_lookup)
+            lookup_uses = s.lookup_uses + (verified_drafts & s.from_lookup)
             history = s.history
             if lookup:
                 history = history.at[rows, (prompt_lens_B + s.count)[:, None] + j].set(emitted, mode="drop")
                 found, n = lookup_block(history, count, next_token)
-                sbd_holds = whole if masked else jnp.zeros((batch,), bool)
-                from_lookup = (n > 0) & ~done & ~sbd_holds  # hybrid: SBD's block first
+                from_lookup = (n > 0) & ~done
+                if masked:  # hybrid: lookup's match unless SBD's drafts have been kept more often
+                    from_lookup &= ~sbd_preferred(accepted_sum - lookup_accepted, sbd_uses, lookup_accepted,
+                                                  lookup_uses)
                 pending = jnp.where(from_lookup[:, None], found, pending)
                 pending_count = jnp.where(from_lookup, 1 + n, pending_count)
                 if sampling:
                     lookup_q = point_mass(jnp.roll(found, -1, axis=1))
                     draft_logits = jnp.where(from_lookup[:, None, None], lookup_q, draft_logits)
-            drafted_now = jnp.where(live, (is_draft & ~eos_before).sum(axis=1), 0)
-            accepted_now = jnp.where(live, jnp.minimum(accepted, kept), 0)
             return s.replace(
                 iteration=s.iteration + 1,
                 cache=append(s.cache, kv.k, kv.v, jnp.where(live, accepted + 1, 0)),  # the accepted pending tokens
@@ -236,9 +248,9 @@ class VerifiedSBDDecoder(BlockDecoder):
                 record=s.record.at[rows, slots].set(
                     jnp.stack([emitted, jnp.broadcast_to(nfe[:, None], emitted.shape), was_corrected], axis=-1),
                     mode="drop"),
-                nfe=nfe, count=count, done=done, drafted=s.drafted + drafted_now, accepted=s.accepted + accepted_now,
+                nfe=nfe, count=count, done=done, drafted=s.drafted + drafted_now, accepted=accepted_sum,
                 lookup_drafted=s.lookup_drafted + jnp.where(s.from_lookup, drafted_now, 0),
-                lookup_accepted=s.lookup_accepted + jnp.where(s.from_lookup, accepted_now, 0))
+                lookup_accepted=lookup_accepted, sbd_uses=sbd_uses, lookup_uses=lookup_uses)
 
         zeros = jnp.zeros((batch,), jnp.int32)
         width = self.output_len
@@ -258,7 +270,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                             draft_logits=draft_logits, history=history,
                             record=jnp.zeros((batch, width, 3), jnp.int32), nfe=zeros, count=zeros,
                             done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
-                            lookup_accepted=zeros)
+                            lookup_accepted=zeros, sbd_uses=zeros, lookup_uses=zeros)
         final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
         return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
                             reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,

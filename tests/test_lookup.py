@@ -4,6 +4,7 @@ model without a mask token decodes with lookup drafts only."""
 
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -12,7 +13,7 @@ from sbd_jax.errors import UserError
 from sbd_jax.lookup import lookup_drafts, lookup_once, replay_lookup
 from sbd_jax.sampler import generate
 from sbd_jax.settings import Settings
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
+from sbd_jax.verified_decoder import VerifiedSBDDecoder, sbd_preferred
 from tests.test_verify import PROMPTS, model
 
 
@@ -112,3 +113,13 @@ def test_the_block_size_rule_refuses_impossible_measurements():
         measure_block_choice(holder, PROMPTS, batch=0)
     with pytest.raises(UserError, match=r"calibration_tokens=0 must be >= 1"):
         measure_block_choice(holder, PROMPTS, batch=1, calibration_tokens=0)
+
+
+def test_hybrid_prefers_the_source_whose_drafts_were_kept_more_often_per_pass():
+    # (sbd kept, sbd passes, lookup kept, lookup passes) -> SBD's block preferred?
+    cases = {(0, 0, 0, 0): True,  # neither tried: SBD's block (its pass is paid for in hybrid anyway)
+             (0, 5, 5, 5): False, (1, 9, 3, 4): False,  # poor SBD drafts (real text): lookup
+             (35, 5, 1, 10): True, (7, 1, 0, 0): True,  # SBD drafts kept whole (the small-scale model)
+             (2, 2, 2, 2): True, (2, 3, 2, 2): False}
+    for (sk, su, lk, lu), expected in cases.items():
+        assert bool(sbd_preferred(jnp.array(sk), jnp.array(su), jnp.array(lk), jnp.array(lu))) == expected

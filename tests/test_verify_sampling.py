@@ -186,15 +186,13 @@ def test_the_distribution_test_rejects_a_verifier_testing_drafts_against_the_wro
 
 @pytest.mark.parametrize("drafts, temperature, top_p", [("lookup", 1.0, 1.0), ("hybrid", 0.7, 0.8)])
 def test_lookup_and_hybrid_drafts_sample_exactly_ntp_distribution(drafts, temperature, top_p):
-    """Lookup's drafts are point masses (accepted with probability p(d), else a draw from p without d).
-
-    Hybrid looks up matches of any length here: the 5-token prompt holds no repeated 3-gram, and the proof
-    does not depend on which matches are used, only on a source chosen from what was decided before."""
+    """Lookup's drafts are point masses (accepted with probability p(d), else a draw from p without d);
+    hybrid chooses its source from what was decided before the block, so each draft's q is known."""
     expected = ntp_joint(temperature, top_p)
-    kind = functools.partial(VerifiedSBDDecoder, drafts=drafts, hybrid_min_ngram=1)
+    kind = functools.partial(VerifiedSBDDecoder, drafts=drafts)
     counts, results = sampled_joint(decoder(kind, temperature, top_p), seed=1)
     lookup_drafted = sum(r.lookup_drafted for r in results)
-    # Both sources must be exercised thousands of times (hybrid looks up only after SBD's block failed).
+    # Both sources must be exercised thousands of times.
     assert lookup_drafted > (ROWS // 4 if drafts == "lookup" else ROWS // 10)
     assert 0 < sum(r.lookup_accepted for r in results) < lookup_drafted
     if drafts == "hybrid":
