@@ -19,10 +19,10 @@ import json
 import sys
 
 from sbd_jax.cli import run_cli
-from sbd_jax.decoders import DEFAULT_GAMMA
+from sbd_jax.decoding.base import DEFAULT_GAMMA
+from sbd_jax.decoding.settings import MODES
+from sbd_jax.decoding.verified import DRAFT_SOURCES
 from sbd_jax.errors import UserError
-from sbd_jax.settings import MODES
-from sbd_jax.verified_decoder import DRAFT_SOURCES
 
 _COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
 _CORRECTED = "7"  # reverse video: a verified run's correction of a rejected draft
@@ -83,7 +83,7 @@ def block_size_arg(text: str) -> int | str:
 
 def read_prompts_file(path: str) -> list[str]:
     """Prompts of a JSONL file; a bad line is named by file and line number."""
-    from sbd_jax.jsonl import iter_jsonl
+    from sbd_jax.data.jsonl import iter_jsonl
 
     prompts = []
     for number, row in iter_jsonl(path):
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> None:
     if not texts:
         raise UserError("give at least one --prompt or a --prompts-file")
     from sbd_jax.api import load
-    from sbd_jax.settings import Settings
+    from sbd_jax.decoding.settings import Settings
 
     auto = args.block_size == "auto"
     if auto and not (args.mode == "sbd" and args.verify):

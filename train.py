@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)  # Orbax logs every checkpoint step at INFO
     from sbd_jax.cli import run_cli
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     run_cli(lambda _: Trainer(flags.FLAGS.config, flags.FLAGS.workdir).run(), [])
 

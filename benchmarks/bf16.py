@@ -34,7 +34,7 @@ def train_part(steps: int) -> dict:
     import json
 
     from configs.tiny import get_config
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     curves = {}
     for dtype in DTYPES:
@@ -67,7 +67,7 @@ def margins(model, prompts, outputs, positions) -> list[float]:
     teacher-forced on the prompt and the output before it, one row at a time."""
     import jax.numpy as jnp
 
-    from sbd_jax.model import Transformer
+    from sbd_jax.model.transformer import Transformer
 
     out = []
     for prompt, output, at in zip(prompts, outputs, positions):
@@ -124,7 +124,7 @@ def agreement(name: str, spec: str, mask_token_id: int | None, prompts_of, max_n
 
 def smollm2_prompts(rows: int):
     from recipes.smollm2_sbd.prompts import make_prompts
-    from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
 
     questions = make_prompts(rows, seed=1, split="heldout")
     return lambda tokenizer: [encode_prompt(tokenizer, q, chat=True) for q in questions]

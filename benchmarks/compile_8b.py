@@ -24,9 +24,9 @@ def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: in
                    adapter_rank: int = 0) -> dict:
     import jax
 
-    from sbd_jax import sharding
     from sbd_jax.config_files import load_config_file
     from sbd_jax.lower import model_config, train_config, train_step_inputs
+    from sbd_jax.model import sharding
 
     cfg, architecture = load_config_file(config_path)
     if seq_len:

@@ -21,8 +21,8 @@ import tempfile
 import numpy as np
 
 from benchmarks import save_result
-from sbd_jax import streaming
-from sbd_jax.train_config import TrainConfig
+from sbd_jax.data import streaming
+from sbd_jax.training.config import TrainConfig
 
 WORKED_STEP = re.compile(r"\+\d\+\d=")
 
@@ -35,8 +35,8 @@ def main() -> None:
     from experiments.small_scale.config import get_config
     from experiments.small_scale.corpus import build_corpus
     from experiments.small_scale.run import study_sizes
+    from sbd_jax.checkpoints.tokenizer import load_tokenizer
     from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
-    from sbd_jax.tokenizer import load_tokenizer
 
     sizes = study_sizes(smoke=False)
     with tempfile.TemporaryDirectory() as tmp:

@@ -25,9 +25,9 @@ import time
 import numpy as np
 
 from benchmarks import save_result
-from sbd_jax import streaming
+from sbd_jax.data import streaming
+from sbd_jax.data.config import DataConfig
 from sbd_jax.roofline import HARDWARE, MODELS, training_flops_per_token
-from sbd_jax.train_config import DataConfig
 
 ASSUMED_MFU = 0.40
 
@@ -121,7 +121,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from sbd_jax.checkpoints.load import resolve
-    from sbd_jax.tokenizer import load_tokenizer
+    from sbd_jax.checkpoints.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve("smollm2-135m"))
     rows = []

@@ -31,8 +31,8 @@ PROMPTS = [
 def time_ours(model, prompts, new_tokens, repeats):
     import jax
 
-    from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.sampler import Executables, generate
+    from sbd_jax.decoding.base import NTPDecoder
+    from sbd_jax.decoding.generate import Executables, generate
 
     decoder = NTPDecoder(model.config, max_new_tokens=new_tokens)  # no EOS: always new_tokens tokens
     params = jax.device_put(model.params)
@@ -83,7 +83,7 @@ def main() -> None:
     import jax
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
 
     model = load_model(args.model)
     encoded = [encode_prompt(model.tokenizer, p, chat=True) for p in PROMPTS]

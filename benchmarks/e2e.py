@@ -35,7 +35,7 @@ def plan(batches, gammas, verify: bool, repeats: int, compile_seconds: float) ->
 
 
 def best_run(decoder, params, prompts, repeats, gamma=0.35):
-    from sbd_jax.sampler import Executables, generate
+    from sbd_jax.decoding.generate import Executables, generate
 
     executables = Executables()
     runs = [generate(decoder, params, prompts, gamma=gamma, executables=executables) for _ in range(repeats)]
@@ -67,12 +67,12 @@ def main() -> None:
     import numpy as np
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.model import init_params
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
+    from sbd_jax.decoding.base import NTPDecoder
+    from sbd_jax.decoding.sbd import SBDDecoder
+    from sbd_jax.decoding.verified import VerifiedSBDDecoder
+    from sbd_jax.model.transformer import init_params
     from sbd_jax.roofline import MODELS, ModelShape, speedup
-    from sbd_jax.sbd_decoder import SBDDecoder
-    from sbd_jax.tokenizer import encode_prompt
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
     if args.random:
         config, _ = model_config(args.model, args.dtype)

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import os
 
-from sbd_jax.timing import median_seconds
+from sbd_jax.decoding.timing import median_seconds
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,7 +81,7 @@ def hardware_for(device, dtype: str):
 
 
 def model_config(name: str, dtype: str):
-    from sbd_jax.config import ModelConfig
+    from sbd_jax.model.config import ModelConfig
     from sbd_jax.roofline import MODELS
 
     m = MODELS[name]
@@ -106,9 +106,9 @@ def run(model: str, dtype: str, ks, batches, kvs, max_cache_gib: float, repeats:
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax import masks
-    from sbd_jax.kv_cache import KVCache
-    from sbd_jax.model import Transformer, init_params
+    from sbd_jax.model import masks
+    from sbd_jax.model.kv_cache import KVCache
+    from sbd_jax.model.transformer import Transformer, init_params
     from sbd_jax.roofline import forward_time, slowdown, terms
 
     config, shape = model_config(model, dtype)

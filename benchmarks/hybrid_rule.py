@@ -26,8 +26,8 @@ def real_text_rows(args) -> list[dict]:
     from benchmarks.lookup_decode import decode_rows, summary, verified
     from recipes.smollm2_sbd.eval import chat
     from sbd_jax.api import load
-    from sbd_jax.jsonl import iter_jsonl
-    from sbd_jax.settings import Settings
+    from sbd_jax.data.jsonl import iter_jsonl
+    from sbd_jax.decoding.settings import Settings
 
     model = load(args.tuned)
     valid = os.path.join(ROOT, "recipes", "smollm2_sbd", "data", "cpu", "valid.jsonl")

@@ -22,8 +22,8 @@ def step_seconds(decoder, params, cache, repeats: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax.decoders import Knobs
-    from sbd_jax.timing import median_seconds
+    from sbd_jax.decoding.base import Knobs
+    from sbd_jax.decoding.timing import median_seconds
 
     args = (params, cache, jnp.zeros((1,), jnp.int32), jax.random.key(0), Knobs.create(1.0))
     iterations = int(decoder.decode(*args).nfe[0])  # batch 1: one forward per loop iteration
@@ -44,10 +44,10 @@ def main() -> None:
 
     from benchmarks import save_result
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.decoders import NTPDecoder
-    from sbd_jax.kv_cache import init_cache
-    from sbd_jax.timing import forward_seconds
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
+    from sbd_jax.decoding.base import NTPDecoder
+    from sbd_jax.decoding.timing import forward_seconds
+    from sbd_jax.decoding.verified import VerifiedSBDDecoder
+    from sbd_jax.model.kv_cache import init_cache
 
     loaded = load_model(args.model)
     config = loaded.config.replace(mask_token_id=loaded.config.mask_token_id or 0)

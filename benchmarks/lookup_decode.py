@@ -6,7 +6,7 @@ and wall clock against NTP in one run.
 1. The base SmolLM2-135M (no fine-tune, no mask token), lookup drafts, greedy, 256 new tokens, on the
    first `--prompts` held-out test prompts and HumanEval problems of `recipes/smollm2_sbd`: its outputs
    against the committed base NTP outputs (`recipes/smollm2_sbd/results/cpu/entries.json`) and its
-   tokens per forward against the replay of the same rule on them (`sbd_jax.lookup.replay_lookup`).
+   tokens per forward against the replay of the same rule on them (`sbd_jax.decoding.lookup.replay_lookup`).
 2. Wall clock at batch 1 and 8 on test prompts: NTP and lookup at blocks 4 / 8 / 16 (decode seconds,
    compile and prefill apart), with time(k)/time(1) of a bare forward beside it.
 3. The shipped small-scale SBD model on the study's validation arithmetic problems: SBD, lookup and hybrid drafts at
@@ -27,13 +27,13 @@ BLOCK_SIZES = (4, 8, 16)
 
 
 def verified(drafts: str, k: int, max_new_tokens: int):
-    from sbd_jax.settings import Settings
+    from sbd_jax.decoding.settings import Settings
 
     return Settings(mode="sbd", verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens)
 
 
 def decode_rows(model, settings, prompts, batch):
-    from sbd_jax.sampler import generate_batched
+    from sbd_jax.decoding.generate import generate_batched
 
     return generate_batched(settings.decoder(model.config), model.params, prompts, batch,
                             executables=model.executables)
@@ -53,10 +53,11 @@ def summary(results, timing=None) -> dict:
 
 
 def base_model_rows(args) -> dict:
+    import json
+
     from benchmarks.lookup_rule import ENTRIES, ntp_outputs, split_prompts
     from sbd_jax.api import load
-    from sbd_jax.lookup import replay_lookup
-    import json
+    from sbd_jax.decoding.lookup import replay_lookup
 
     entries = json.load(open(ENTRIES))
     model = load("smollm2-135m")
@@ -77,7 +78,7 @@ def base_model_rows(args) -> dict:
     test = split_prompts(model.tokenizer, "test", 16)
     for batch, n in ((1, 4), (8, 16)):
         for name, settings in [("ntp", None), *((f"lookup k={k}", verified("lookup", k, 256)) for k in args.block_sizes)]:
-            from sbd_jax.settings import Settings
+            from sbd_jax.decoding.settings import Settings
 
             settings = settings or Settings(max_new_tokens=256)
             decode_rows(model, settings, test[:batch], batch)  # compile (and warm) apart from the timed run
@@ -88,7 +89,7 @@ def base_model_rows(args) -> dict:
     for row in out["speed"]:
         ntp = next(r for r in out["speed"] if r["batch"] == row["batch"] and r["decoder"] == "ntp")
         row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
-    from sbd_jax.timing import forward_cost_ratio
+    from sbd_jax.decoding.timing import forward_cost_ratio
 
     out["forward_cost_ratio_cpu"] = {k: forward_cost_ratio(model, k, context=256, calls=20) for k in args.block_sizes}
     return out
@@ -96,7 +97,7 @@ def base_model_rows(args) -> dict:
 
 def arithmetic_rows(args) -> list[dict]:
     from sbd_jax.api import load
-    from sbd_jax.settings import Settings
+    from sbd_jax.decoding.settings import Settings
 
     model = load(os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
     from sbd_jax.evaluation.arithmetic import study_splits

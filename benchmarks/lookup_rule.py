@@ -3,7 +3,7 @@
     python -m benchmarks.lookup_rule            # writes benchmarks/results/lookup_rule.json
 
 Verification keeps the output fixed (greedy: NTP's tokens), so a draft source's tokens per forward on a
-prompt follows from the prompt, the output and the rule alone: `sbd_jax.lookup.replay_lookup` replays it
+prompt follows from the prompt, the output and the rule alone: `sbd_jax.decoding.lookup.replay_lookup` replays it
 with no model. Outputs: the committed greedy NTP outputs of the recipe `recipes/smollm2_sbd` (the base
 SmolLM2 and its SBD fine-tune) on the *validation* prompts (the rule is chosen there) and, reported beside
 it, on the held-out test prompts and HumanEval. Rules: the latest or the earliest earlier occurrence;
@@ -32,7 +32,7 @@ def split_prompts(tokenizer, split: str, count: int) -> list[list[int]]:
     """The chat-encoded prompts of a split, as the recipe's evaluation encoded them."""
     from recipes.smollm2_sbd.eval import chat
     from recipes.smollm2_sbd.humaneval import INSTRUCTION, problems
-    from sbd_jax.jsonl import iter_jsonl
+    from sbd_jax.data.jsonl import iter_jsonl
 
     if split == "humaneval":
         texts = [INSTRUCTION.format(prompt=p["prompt"]) for p in problems(count)]
@@ -49,7 +49,7 @@ def ntp_outputs(entries: dict, model: str, split: str) -> list[list[int]] | None
 
 
 def replay(prompts, outputs, k: int, max_new_tokens: int, **rule) -> dict:
-    from sbd_jax.lookup import replay_lookup
+    from sbd_jax.decoding.lookup import replay_lookup
 
     totals = [replay_lookup(p, o, k - 1, max_new_tokens, **rule) for p, o in zip(prompts, outputs)]
     forwards, drafted, accepted = (sum(column) for column in zip(*totals))
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     args = parser.parse_args(argv)
     from sbd_jax.checkpoints.load import resolve
-    from sbd_jax.tokenizer import load_tokenizer
+    from sbd_jax.checkpoints.tokenizer import load_tokenizer
 
     entries = json.load(open(ENTRIES))
     tokenizer = load_tokenizer(resolve("smollm2-135m"))

@@ -48,8 +48,8 @@ def tiny_layer() -> dict:
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax.config import ModelConfig
-    from sbd_jax.model import Transformer, init_params
+    from sbd_jax.model.config import ModelConfig
+    from sbd_jax.model.transformer import Transformer, init_params
 
     config = ModelConfig(model_type="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_layers=1,
                          num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=256)

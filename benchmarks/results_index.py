@@ -1,5 +1,5 @@
 """Every committed result file with the commit it was measured at and whether the code it depends on
-changed since, as a Markdown table; `--readme` rewrites the table in README.md's Measured section.
+changed since, as a Markdown table; `--readme` rewrites the table in benchmarks/README.md.
 
     python -m benchmarks.results_index [--readme] [--stamp-history]
 
@@ -94,7 +94,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--readme", action="store_true", help="rewrite the table between the README's markers")
+    parser.add_argument("--readme", action="store_true", help="rewrite the table between benchmarks/README.md's markers")
     parser.add_argument("--stamp-history", action="store_true",
                         help="record in each unstamped file the last commit that wrote it (\"at or before\")")
     args = parser.parse_args()
@@ -105,15 +105,15 @@ def main() -> None:
     if not args.readme:
         print(text)
         return
-    readme = os.path.join(ROOT, "README.md")
+    readme = os.path.join(ROOT, "benchmarks", "README.md")
     content = open(readme).read()
     if BEGIN not in content or END not in content:
-        raise SystemExit(f"README.md has no {BEGIN} ... {END} markers")
+        raise SystemExit(f"benchmarks/README.md has no {BEGIN} ... {END} markers")
     head, rest = content.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     with open(readme, "w") as f:
         f.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
-    print(f"README.md: {len(paths)} result files")
+    print(f"benchmarks/README.md: {len(paths)} result files")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from sbd_jax.timing import median_seconds
+from sbd_jax.decoding.timing import median_seconds
 from sbd_jax.evaluation.results import write_json
 
 
@@ -32,10 +32,10 @@ def main() -> None:
     import jax.numpy as jnp
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.kv_cache import append, init_cache
-    from sbd_jax.model import Transformer
-    from sbd_jax.sbd_decoder import SBDDecoder
-    from sbd_jax.token_choice import choose_tokens, eb_reveal, uncertainty
+    from sbd_jax.decoding.sbd import SBDDecoder
+    from sbd_jax.decoding.token_choice import choose_tokens, eb_reveal, uncertainty
+    from sbd_jax.model.kv_cache import append, init_cache
+    from sbd_jax.model.transformer import Transformer
 
     model = load_model(args.model, with_tokenizer=False, dtype=args.dtype)
     config = model.config.replace(mask_token_id=model.config.mask_token_id or 0)

@@ -55,7 +55,7 @@ def train_throughput(steps: int, dtype: str, batch: int, workdir: str) -> dict:
     """`steps` SBD fine-tuning steps of the model on the task's training problems (chat prompts)."""
     from configs.base import get_base
     from sbd_jax.evaluation.arithmetic import problems
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     data = os.path.join(workdir, "train.jsonl")
     with open(data, "w") as f:

@@ -46,7 +46,7 @@ def time_compiled(compiled, args, repeats, donate=False) -> float:
 def model_configs(names):
     from configs import tiny
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.config import ModelConfig
+    from sbd_jax.model.config import ModelConfig
 
     for name in names:
         if name == "tiny":
@@ -63,17 +63,17 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     import jax.numpy as jnp
     import numpy as np
 
-    from sbd_jax.config import AdapterConfig
-    from sbd_jax.model import Transformer, init_params
-    from sbd_jax.objective import Batch
-    from sbd_jax.train_config import OptimizerConfig
-    from sbd_jax.train_step import ObjectiveSpec, TrainState, make_optimizer, train_step
+    from sbd_jax.model.config import AdapterConfig
+    from sbd_jax.model.transformer import Transformer, init_params
+    from sbd_jax.training.config import OptimizerConfig
+    from sbd_jax.training.objective import Batch
+    from sbd_jax.training.step import ObjectiveSpec, TrainState, make_optimizer, train_step
 
     config = config.replace(mask_token_id=config.vocab_size - 1)
     tx, schedule = make_optimizer(OptimizerConfig(lr=1e-4, warmup_steps=1), 1000)
     params, frozen = init_params(config), None
     if objective == "adapter":  # the gated adapter (rank 16, every projection) on frozen weights
-        from sbd_jax.adapter import init_adapter
+        from sbd_jax.checkpoints.adapter import init_adapter
 
         config = config.replace(adapter=AdapterConfig(rank=16))
         params, frozen = init_adapter(config, params), params
@@ -106,7 +106,7 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
     layout's inherent cost: 2x the tokens, 4x the attention scores) and SBD with the other attention path."""
     import jax
 
-    from sbd_jax.attention import uses_blockwise
+    from sbd_jax.model.attention import uses_blockwise
     from sbd_jax.roofline import shape_of, training_flops_per_token
 
     chosen = "blockwise" if uses_blockwise(seq_len) else "reference"
@@ -148,8 +148,8 @@ def attention_report(seq_len, repeats) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax.attention import blockwise_sbd_attention, reference_attention
-    from sbd_jax.masks import SBDTrainingMask
+    from sbd_jax.model.attention import blockwise_sbd_attention, reference_attention
+    from sbd_jax.model.masks import SBDTrainingMask
 
     heads, kv_heads, head_dim = 9, 3, 64  # SmolLM2-135M
     rng = jax.random.split(jax.random.key(0), 3)

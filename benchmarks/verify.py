@@ -30,8 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run(model, prompts, setting, max_new_tokens, batch, longest, executables=None):
     """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded
     (pass one `executables` to calls that should share what earlier ones compiled)."""
-    from sbd_jax.block_choice import decoder_for
-    from sbd_jax.sampler import Executables, generate_batched
+    from sbd_jax.decoding.block_choice import decoder_for
+    from sbd_jax.decoding.generate import Executables, generate_batched
 
     decoder = decoder_for(model.config, 1 if setting["mode"] == "ntp" else setting["block_size"], max_new_tokens)
     generations, timing = generate_batched(decoder, model.params, prompts, batch, pad_to=longest,
@@ -53,9 +53,9 @@ def arithmetic_part(args) -> dict:
     import jax
 
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.decoding.timing import forward_cost_ratio
     from sbd_jax.evaluation.arithmetic import STUDY, study_splits
     from sbd_jax.evaluation.measure import chat_prompt
-    from sbd_jax.timing import forward_cost_ratio
 
     loaded = load_model(args.model)
     model = loaded._replace(params=jax.device_put(loaded.params))
@@ -114,7 +114,7 @@ def smollm2_part(args) -> dict:
     import jax
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
 
     loaded = load_model("smollm2-135m")
     model = loaded._replace(params=jax.device_put(loaded.params),

@@ -15,7 +15,7 @@ one run on this machine:
 - **ideal** speed-up = tokens per forward x bare(1) / bare(2k), and **efficiency** = measured speed-up /
   ideal (what the loop and the rows that finish early keep of what the passes promise);
 - the H100 roofline's prediction of the same speed-up (tokens per forward / its time(2k) / time(1));
-- **the block-size rule** (`sbd_jax.block_choice`): from the measured tokens per forward at each k
+- **the block-size rule** (`sbd_jax.decoding.block_choice`): from the measured tokens per forward at each k
   and the bare forward times at this batch, the k with the highest ideal speed-up (NTP where none
   beats 1); the table says how far its measured tokens/s is from the best fixed choice's. Beside it
   (`loop_rule_choice`) the same rule fed with the decoding loop's seconds per pass, timed on the
@@ -57,9 +57,14 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
     """Tokens per forward at each block on the `calibration` prompts (what the block-size rule reads), and
     one row per (batch, decoder) on the first `min_prompts` of `prompts` (rounded up to whole batches);
     see the module docstring for the columns."""
-    from sbd_jax.block_choice import bare_forward_seconds, cache_slots, choose_block_size, verified_tokens_per_forward
+    from sbd_jax.decoding.block_choice import (
+        bare_forward_seconds,
+        cache_slots,
+        choose_block_size,
+        verified_tokens_per_forward,
+    )
+    from sbd_jax.decoding.generate import Executables
     from sbd_jax.roofline import HARDWARE, slowdown
-    from sbd_jax.sampler import Executables
 
     longest = max(map(len, prompts + calibration))
     context = longest + max_new_tokens // 2  # cached tokens in the middle of a decode
@@ -135,8 +140,8 @@ def smollm2_part(args) -> dict:
 
     from benchmarks.decode import PROMPTS
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
     from sbd_jax.roofline import MODELS
-    from sbd_jax.tokenizer import encode_prompt
 
     loaded = load_model(args.smollm2)
     mask_token_id = (args.smollm2_mask_token_id if args.smollm2_mask_token_id is not None

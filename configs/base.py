@@ -26,12 +26,12 @@ def get_base() -> ml_collections.ConfigDict:
     c.model.dtype = "float32"  # compute dtype; master weights and optimizer state stay float32
     c.model.scan_layers = False
     c.model.remat = "none"  # none | full | dots
-    c.model.attention = "auto"  # auto | reference | blockwise | splash (TPU; see sbd_jax/attention.py)
+    c.model.attention = "auto"  # auto | reference | blockwise | splash (TPU; see sbd_jax/model/attention.py)
 
     c.data = ml_collections.ConfigDict()
     c.data.files = ()  # JSONL (text / messages) or text files, globs allowed; a tuple, for --config overrides
     c.data.seq_len = 256
-    # Streamed (sbd_jax/streaming.py): the global batch is every shard's next rows; shard s is read by host
+    # Streamed (sbd_jax/data/streaming.py): the global batch is every shard's next rows; shard s is read by host
     # s % hosts. 0 = one shard per host. Batches depend on (files, seed, shards, workers), not on hosts.
     c.data.shards = 0
     c.data.workers = 2  # Grain worker processes per shard that read, tokenize and pack (0: in the main process)
@@ -45,7 +45,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.objective.w_matp = 1.0
     c.objective.eta_min = 0.0
     c.objective.eta_max = 1.0
-    # What the drafts train on (sbd_jax/objective.py DraftTraining; 0 = the paper's objective): the share of
+    # What the drafts train on (sbd_jax/training/objective.py DraftTraining; 0 = the paper's objective): the share of
     # rows masked entirely, the MATP weight's decay scale over block positions, the weight of soft targets.
     c.objective.full_mask_share = 0.0
     c.objective.position_decay = 0.0
@@ -69,7 +69,7 @@ def get_base() -> ml_collections.ConfigDict:
     c.optimizer.weight_decay = 0.1
     c.optimizer.clip_norm = 1.0
 
-    # The gated adapter (sbd_jax/adapter.py): rank 0 fine-tunes every weight (the paper); rank > 0 freezes the
+    # The gated adapter (sbd_jax/checkpoints/adapter.py): rank 0 fine-tunes every weight (the paper); rank > 0 freezes the
     # base and trains a low-rank adapter on block positions only, so NTP stays the base model's exactly.
     c.adapter = ml_collections.ConfigDict()
     c.adapter.rank = 0

@@ -11,8 +11,8 @@ import os
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 from sbd_jax.api import SBDModel, Settings, load  # noqa: E402
-from sbd_jax.config import ModelConfig  # noqa: E402
 from sbd_jax.errors import UserError  # noqa: E402
-from sbd_jax.model import Transformer, init_params  # noqa: E402
+from sbd_jax.model.config import ModelConfig  # noqa: E402
+from sbd_jax.model.transformer import Transformer, init_params  # noqa: E402
 
 __all__ = ["ModelConfig", "SBDModel", "Settings", "Transformer", "UserError", "init_params", "load"]

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 import jax
 
-from sbd_jax.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
+from sbd_jax.decoding.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
+from sbd_jax.decoding.generate import Executables, Generation, generate
+from sbd_jax.decoding.settings import Settings
 from sbd_jax.errors import UserError
-from sbd_jax.sampler import Executables, Generation, generate
-from sbd_jax.settings import Settings
 
 __all__ = ["SBDModel", "Settings", "load"]
 
@@ -41,7 +41,7 @@ class SBDModel:
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt: raw text, or one user turn through the model's chat template."""
-        from sbd_jax.tokenizer import encode_prompt
+        from sbd_jax.checkpoints.tokenizer import encode_prompt
 
         return encode_prompt(self.tokenizer, prompt, chat)
 
@@ -68,7 +68,7 @@ class SBDModel:
                           block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
                           calibration_tokens: int = 64, drafts: str = "sbd") -> BlockChoice:
         """The block size at which verified SBD decodes fastest at `batch` rows generating up to
-        `max_new_tokens` on this machine (1: NTP), by the rule of `sbd_jax.block_choice`: tokens per
+        `max_new_tokens` on this machine (1: NTP), by the rule of `sbd_jax.decoding.block_choice`: tokens per
         forward measured on the first `calibration_tokens` of greedy verified decoding of `prompts` (a few
         like those to be served), bare forwards timed here, for the draft source `drafts` (sbd, lookup,
         hybrid). Its `describe()` says what it measured."""
@@ -92,7 +92,7 @@ def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: 
     if adapter is not None:
         if mask_token_id is not None:
             raise UserError("give mask_token_id or adapter, not both: the adapter names its own mask token")
-        from sbd_jax.adapter import attach_adapter
+        from sbd_jax.checkpoints.adapter import attach_adapter
 
         config, params, tokenizer = attach_adapter(adapter, config, params, tokenizer)
     if mask_token_id is not None:

@@ -7,9 +7,9 @@ import sys
 
 from sbd_jax.checkpoints.hf import save_hf
 from sbd_jax.checkpoints.load import load_model
+from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.cli import run_cli
 from sbd_jax.errors import UserError
-from sbd_jax.tokenizer import load_tokenizer
 
 
 def main(argv: list[str] | None = None) -> None:

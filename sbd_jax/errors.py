@@ -1,9 +1,30 @@
-"""The one exception type for bad user input.
+"""The one exception type for bad user input, and the config-value checks that raise it.
 
 CLIs catch it and print its message on one line with exit code 2, so every message must name the
 problem and the fix.
 """
 
+from typing import Any
+
 
 class UserError(ValueError):
     """Bad input from a user: a config value, a file, a model name, a size that does not fit."""
+
+
+def check_one_of(name: str, value: Any, allowed: tuple) -> None:
+    """`config name=value` must be one of `allowed`."""
+    if value not in allowed:
+        raise UserError(f"config {name}={value!r}: use one of {', '.join(map(repr, allowed))}")
+
+
+def check_at_least(name: str, value: float, low: float, why: str = "") -> None:
+    """`config name=value` must be at least `low` (never NaN); `why` says what the bound protects."""
+    if not value >= low:  # NaN too
+        raise UserError(f"config {name}={value} must be >= {low}{f' ({why})' if why else ''}")
+
+
+def check_in_range(name: str, value: float, low: float, high: float, low_open: bool = False, why: str = "") -> None:
+    """`value` in [low, high) ((low, high) with `low_open`); NaN and infinity are never in range."""
+    if not (low < value < high if low_open else low <= value < high):
+        bounds = f"{'(' if low_open else '['}{low}, {high})"
+        raise UserError(f"config {name}={value} must be in {bounds}{f' ({why})' if why else ''}")

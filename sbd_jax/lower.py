@@ -55,7 +55,7 @@ def describe(name: str, platform: str, exported: Any, layout_len: int | None = N
 def train_config(config_dict: Any, architecture: dict | None = None) -> Any:
     """The `TrainConfig` of a config file's `get_config()`; an 8B config's ARCHITECTURE (the shape of
     the model it names at run time) stands in for that model, whose weights lowering never needs."""
-    from sbd_jax.train_config import TrainConfig
+    from sbd_jax.training.config import TrainConfig
 
     if architecture:
         config_dict.model.architecture = architecture
@@ -66,7 +66,7 @@ def model_config(cfg: Any) -> Any:
     """The ModelConfig a `TrainConfig` trains, with a mask token id (0: shapes are all that matter): its
     `model.architecture`, else the config of `model.name` (the embedded GGUF or an HF directory)."""
     from sbd_jax.checkpoints.load import read_model_config
-    from sbd_jax.trainer import architecture_config, run_options
+    from sbd_jax.training.trainer import architecture_config, run_options
 
     m = cfg.model
     if not m.architecture:
@@ -81,16 +81,16 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax import sharding
-    from sbd_jax.model import Transformer, init_params
-    from sbd_jax.objective import Batch
-    from sbd_jax.train_step import TrainState, jitted_train_step, make_optimizer
+    from sbd_jax.model import sharding
+    from sbd_jax.model.transformer import Transformer, init_params
+    from sbd_jax.training.objective import Batch
+    from sbd_jax.training.step import TrainState, jitted_train_step, make_optimizer
 
     cfg = _one_micro_batch(cfg)
     tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
     params = base = jax.eval_shape(lambda: init_params(config))
     if cfg.adapter.rank:  # a gated adapter trains alone; the base is an input of the step
-        from sbd_jax.adapter import adapter_tree
+        from sbd_jax.checkpoints.adapter import adapter_tree
 
         config = config.replace(adapter=cfg.adapter.model_config())
         params = jax.eval_shape(lambda key: adapter_tree(config, key), jax.random.key(0))
@@ -124,7 +124,7 @@ def lower_train_step(cfg: Any, config: Any, mesh: Any, platform: str) -> Lowered
     """Exports the SBD train step of `cfg` (every block size of its range: one traced size) for `platform`."""
     import jax
 
-    from sbd_jax.attention import compiling_for
+    from sbd_jax.model.attention import compiling_for
 
     step, args = train_step_inputs(cfg, config, mesh)
     with compiling_for(platform):
@@ -138,11 +138,11 @@ def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax.attention import compiling_for
-    from sbd_jax.decoders import Knobs, NTPDecoder
-    from sbd_jax.model import init_params
-    from sbd_jax.sbd_decoder import SBDDecoder
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
+    from sbd_jax.decoding.base import Knobs, NTPDecoder
+    from sbd_jax.decoding.sbd import SBDDecoder
+    from sbd_jax.decoding.verified import VerifiedSBDDecoder
+    from sbd_jax.model.attention import compiling_for
+    from sbd_jax.model.transformer import init_params
 
     params = jax.eval_shape(lambda: init_params(config))
     capacity = prompt_len + max_new_tokens + block_size
@@ -192,8 +192,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                                f" --xla_force_host_platform_device_count={args.devices}").strip()
     import jax
 
-    from sbd_jax import sharding
     from sbd_jax.config_files import load_config_file
+    from sbd_jax.model import sharding
 
     cfg, architecture = load_config_file(args.config)
     if args.mesh:

@@ -90,15 +90,17 @@ def model_from_hf_config(path: str) -> ModelShape:
 
 
 def shape_of(cfg: Any, name: str = "model") -> ModelShape:
-    """The ModelShape of a `sbd_jax.config.ModelConfig`."""
+    """The ModelShape of a `sbd_jax.model.config.ModelConfig`."""
     return ModelShape(name, cfg.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
                       cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings)
 
 
-def training_flops_per_token(m: ModelShape, objective: str) -> float:
+def training_flops_per_token(m: ModelShape, objective: str, adapter: bool = False) -> float:
     """Model FLOPs of one trained token: 6 per matmul weight (forward 2, backward 4), twice for SBD,
-    whose step runs the clean and the noisy copy of every sequence (attention's share is left out)."""
-    return 6.0 * m.matmul_params * (2 if objective == "sbd" else 1)
+    whose step runs the clean and the noisy copy of every sequence (attention's share is left out).
+    A gated adapter's step runs the clean copy forward only (2) and the noisy copy forward and back
+    through frozen weights, input gradients only (2 + 2): 6 in all, as NTP (the adapter's own is left out)."""
+    return 6.0 * m.matmul_params * (2 if objective == "sbd" and not adapter else 1)
 
 
 @functools.lru_cache(maxsize=None)

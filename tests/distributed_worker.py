@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from sbd_jax.trainer import Trainer
+from sbd_jax.training.trainer import Trainer
 from tests.test_train import quick_config
 
 

@@ -10,15 +10,15 @@ import numpy as np
 import optax
 import pytest
 
-from sbd_jax import adapter as ad
 from sbd_jax.api import SBDModel, load
-from sbd_jax.config import AdapterConfig, ModelConfig
-from sbd_jax.decoders import NTPDecoder
+from sbd_jax.checkpoints import adapter as ad
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.generate import generate
+from sbd_jax.decoding.settings import Settings
 from sbd_jax.errors import UserError
-from sbd_jax.model import Transformer, init_params
-from sbd_jax.objective import Batch, adapter_sbd_loss, sbd_loss
-from sbd_jax.sampler import generate
-from sbd_jax.settings import Settings
+from sbd_jax.model.config import AdapterConfig, ModelConfig
+from sbd_jax.model.transformer import Transformer, init_params
+from sbd_jax.training.objective import Batch, adapter_sbd_loss, sbd_loss
 
 MASK = 63
 BASE = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -206,7 +206,7 @@ def test_train_py_trains_only_the_adapter_saves_it_and_resumes(tmp_path):
     state alone, the base weights never change, workdir/adapter loads onto the base, a rerun resumes."""
     from configs.base import get_base
     from sbd_jax.evaluation.arithmetic import study_splits
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "small_scale", "models", "sbd_arith")
     data = tmp_path / "train.jsonl"

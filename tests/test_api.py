@@ -7,10 +7,10 @@ import pytest
 
 import sbd_jax
 from sbd_jax.api import SBDModel, Settings
+from sbd_jax.decoding.generate import tokens_per_pass
+from sbd_jax.decoding.sbd import SBDDecoder
+from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
-from sbd_jax.sampler import tokens_per_pass
-from sbd_jax.sbd_decoder import SBDDecoder
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "..", "experiments", "small_scale", "models", "sbd_arith")
 PROMPTS = ["c5b7a2+b8a6", "d1c0b9a9+a1"]

@@ -19,6 +19,7 @@ def smoke(out):
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow
 def test_h200_script_smoke(tmp_path):
     proc = smoke(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -98,9 +99,9 @@ def test_verify_batches_table_is_consistent(tmp_path):
 def test_bare_forward_refuses_a_cache_too_small_for_its_tokens():
     from types import SimpleNamespace
 
+    from sbd_jax.decoding.timing import forward_seconds
     from sbd_jax.errors import UserError
-    from sbd_jax.timing import forward_seconds
-    from sbd_jax.model import init_params
+    from sbd_jax.model.transformer import init_params
     from tests.test_decoding import CFG
 
     model = SimpleNamespace(config=CFG, params=init_params(CFG, seed=0))

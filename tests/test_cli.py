@@ -55,6 +55,7 @@ def test_convert_tiny_directory_and_errors(tiny_hf_dir, tmp_path):
 
 
 @requires_smollm2
+@pytest.mark.slow  # SmolLM2 loaded twice in subprocesses
 def test_sample_json_on_smollm2_and_too_long_prompt():
     proc = run("sample.py", "--model", "smollm2-135m", "--prompt", "What is 2+2?", "--prompt",
                "Name a color.", "--chat", "--mode", "ntp", "--max-new-tokens", "16", "--json")

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from sbd_jax.data import Document, pack, padding_fraction
+from sbd_jax.data.packing import Document, pack, padding_fraction
 
 
 def docs(lengths):
@@ -52,8 +52,8 @@ def test_a_document_that_does_not_fit_the_rest_of_a_row_opens_another():
 
 
 def char_tokenizer(tmp_path):
+    from sbd_jax.checkpoints.tokenizer import load_tokenizer
     from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
-    from sbd_jax.tokenizer import load_tokenizer
 
     return load_tokenizer(save_char_tokenizer(str(tmp_path / "tok")))
 
@@ -61,8 +61,8 @@ def char_tokenizer(tmp_path):
 def test_prompt_completion_records_carry_loss_on_the_completion_and_its_eos_only(tmp_path):
     import json
 
-    from sbd_jax.data import read_records, tokenize
-    from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
+    from sbd_jax.data.packing import read_records, tokenize
 
     tok = char_tokenizer(tmp_path)
     path = tmp_path / "pc.jsonl"
@@ -79,7 +79,7 @@ def test_a_record_with_an_empty_completion_is_refused_with_the_accepted_formats(
 
     import pytest
 
-    from sbd_jax.data import read_records
+    from sbd_jax.data.packing import read_records
     from sbd_jax.errors import UserError
 
     path = tmp_path / "bad.jsonl"
@@ -89,7 +89,7 @@ def test_a_record_with_an_empty_completion_is_refused_with_the_accepted_formats(
 
 
 def test_chat_loss_covers_assistant_turns_up_to_their_eos_not_the_template_after_it(tmp_path):
-    from sbd_jax.data import tokenize
+    from sbd_jax.data.packing import tokenize
 
     tok = char_tokenizer(tmp_path)
     # ChatML's shape: each turn ends in EOS and then a newline the model never generates.

@@ -5,14 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax import masks
-from sbd_jax.config import ModelConfig
-from sbd_jax.decoders import NTPDecoder
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.generate import Executables, generate, generate_batched
+from sbd_jax.decoding.token_choice import choose_tokens
 from sbd_jax.errors import UserError
-from sbd_jax.kv_cache import append, init_cache
-from sbd_jax.model import Transformer, init_params
-from sbd_jax.sampler import Executables, generate, generate_batched
-from sbd_jax.token_choice import choose_tokens
+from sbd_jax.model import masks
+from sbd_jax.model.config import ModelConfig
+from sbd_jax.model.kv_cache import append, init_cache
+from sbd_jax.model.transformer import Transformer, init_params
 
 CFG = ModelConfig(model_type="qwen2", vocab_size=101, hidden_size=64, intermediate_size=128, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True, max_position_embeddings=512)
@@ -182,9 +182,9 @@ def test_decoding_loops_write_the_cache_in_place(params, scan_layers):
     """No decoding step copies the KV cache: the only whole-cache copies are the two (K and V) of the
     cache handed to `decode`, made once before its loop. A step that copies it costs time in proportion
     to the cache (1.4x NTP's step on SmolLM2 at 4,096 cached tokens before the fix)."""
-    from sbd_jax.decoders import Knobs
-    from sbd_jax.sbd_decoder import SBDDecoder
-    from sbd_jax.verified_decoder import VerifiedSBDDecoder
+    from sbd_jax.decoding.base import Knobs
+    from sbd_jax.decoding.sbd import SBDDecoder
+    from sbd_jax.decoding.verified import VerifiedSBDDecoder
 
     config = CFG.replace(mask_token_id=100, scan_layers=scan_layers)
     layer_params = params

@@ -15,6 +15,8 @@ import pytest
 
 from tests.conftest import requires_smollm2
 
+pytestmark = pytest.mark.slow  # installs the lowest admitted transformers
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What the floor release itself requires of its two tightly pinned dependencies.
 FLOOR_COMPANIONS = {"4.56": ["tokenizers==0.22.1", "huggingface-hub==0.36.2"]}
@@ -29,7 +31,7 @@ def admitted_floor() -> str:
 TOKENIZE = """
 import json, sys
 from sbd_jax.checkpoints.load import resolve
-from sbd_jax.tokenizer import encode_prompt, load_tokenizer
+from sbd_jax.checkpoints.tokenizer import encode_prompt, load_tokenizer
 from tests.test_tokenizer import TEXTS
 tok = load_tokenizer(resolve("smollm2-135m"))
 print(json.dumps({"ids": [tok(t)["input_ids"] for t in TEXTS],

@@ -12,6 +12,8 @@ import subprocess
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a Python 3.12 venv with the GPU image's packages
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What those imports need that the H200 image already has (all named in its package list).
 IMAGE_PACKAGES = ["absl-py", "cloudpickle", "etils", "numpy", "protobuf", "psutil", "pyyaml", "requests", "tqdm",

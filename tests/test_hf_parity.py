@@ -8,7 +8,7 @@ import torch
 import transformers
 
 from sbd_jax.checkpoints import hf
-from sbd_jax.model import Transformer
+from sbd_jax.model.transformer import Transformer
 from tests.hf_models import torch_logits
 
 TOKENS = np.random.RandomState(0).randint(0, 97, (2, 48))  # 48 > 32 original positions: llama3 scaling acts

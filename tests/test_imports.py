@@ -63,3 +63,23 @@ def test_scripts_reach_the_package_without_editing_sys_path():
     offenders = [os.path.relpath(path, ROOT) for path in modules().values() if "sys.path.insert" in open(path).read()]
     offenders += [name for name in ("train.py", "sample.py") if "sys.path.insert" in open(os.path.join(ROOT, name)).read()]
     assert offenders == []
+
+
+# The package's rooms, lowest first: a module may import its own room and rooms below it, never above.
+LAYERS = {"errors": 0, "cli": 0, "config_files": 0, "model": 1, "checkpoints": 2, "roofline": 2, "data": 3,
+          "decoding": 4, "training": 5, "evaluation": 6, "api": 7, "convert": 7, "lower": 7}
+
+
+def test_no_room_imports_a_room_above_it():
+    known = modules()
+    rooms = {name.split(".")[1] for name in known if name.startswith("sbd_jax.")}
+    assert rooms == set(LAYERS), f"give every room of sbd_jax a layer: {sorted(rooms ^ set(LAYERS))}"
+    upward = []
+    for name, path in known.items():
+        if not name.startswith("sbd_jax."):
+            continue
+        room = name.split(".")[1]
+        for target in imports_of(name, path, known):
+            if target.startswith("sbd_jax.") and LAYERS[target.split(".")[1]] > LAYERS[room]:
+                upward.append(f"{name} -> {target}")
+    assert upward == []

@@ -1,4 +1,4 @@
-"""Prompt-lookup drafts (`sbd_jax.lookup`) and the verified decoder's draft sources: lookup on device
+"""Prompt-lookup drafts (`sbd_jax.decoding.lookup`) and the verified decoder's draft sources: lookup on device
 equals the host rule, greedy output equals NTP for every source, forwards equal the replay, and a
 model without a mask token decodes with lookup drafts only."""
 
@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax.decoders import NTPDecoder
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.generate import generate
+from sbd_jax.decoding.lookup import lookup_drafts, lookup_once, replay_lookup
+from sbd_jax.decoding.settings import Settings
+from sbd_jax.decoding.verified import VerifiedSBDDecoder, sbd_preferred
 from sbd_jax.errors import UserError
-from sbd_jax.lookup import lookup_drafts, lookup_once, replay_lookup
-from sbd_jax.sampler import generate
-from sbd_jax.settings import Settings
-from sbd_jax.verified_decoder import VerifiedSBDDecoder, sbd_preferred
 from tests.test_verify import PROMPTS, model
 
 
@@ -103,7 +103,7 @@ def test_no_decoder_emits_the_mask_token_even_where_the_model_prefers_it():
 
 
 def test_the_block_size_rule_refuses_impossible_measurements():
-    from sbd_jax.block_choice import choose_block_size, measure_block_choice
+    from sbd_jax.decoding.block_choice import choose_block_size, measure_block_choice
 
     with pytest.raises(UserError, match="forward times must be > 0"):
         choose_block_size({4: 2.0}, {4: 0.0}, 1.0)

@@ -11,12 +11,12 @@ import jax
 import pytest
 
 from configs.base import get_base
-from sbd_jax import sharding
-from sbd_jax.attention import compiling_for, target_platform
-from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
 from sbd_jax.lower import lower_decoders, lower_train_step, main
-from sbd_jax.train_config import TrainConfig
+from sbd_jax.model import sharding
+from sbd_jax.model.attention import compiling_for, target_platform
+from sbd_jax.model.config import ModelConfig
+from sbd_jax.training.config import TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 256  # 2L = 512: the training layout's [2L, 2L]; heads x head_dim (256) differs from it
@@ -86,6 +86,7 @@ def test_prefill_and_every_decode_loop_lower(platform):
     assert all(x.platform == platform and x.mosaic_calls == 0 and x.text_chars > 0 for x in lowered)
 
 
+@pytest.mark.slow  # two 8B configs, two platforms
 def test_the_8b_configs_lower_for_tpu_and_cuda(capsys):
     """The real shapes: Llama-3.1-8B and Qwen3-8B (L = 4096, full remat, scanned layers, fsdp over 8
     devices), the train step for both platforms and the decoders; weights are never allocated."""
@@ -104,7 +105,7 @@ def test_the_gated_adapter_train_step_lowers_on_the_mesh(platform):
     """The adapter run's step (adapter state, frozen base as an input, both sharded by the rules) lowers."""
     import dataclasses
 
-    from sbd_jax.train_config import AdapterSection
+    from sbd_jax.training.config import AdapterSection
 
     cfg, config, mesh = _setup("reference")
     lowered = lower_train_step(dataclasses.replace(cfg, adapter=AdapterSection(rank=8)), config, mesh, platform)

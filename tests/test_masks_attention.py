@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax.attention import attention, blockwise_sbd_attention, reference_attention
 from sbd_jax.errors import UserError
-from sbd_jax.masks import SBDTrainingMask, sbd_allowed, tile_visits
-from sbd_jax.sharding import make_mesh
-from sbd_jax.splash import SBDSplashMask, splash_sbd_attention
+from sbd_jax.model.attention import attention, blockwise_sbd_attention, reference_attention
+from sbd_jax.model.masks import SBDTrainingMask, sbd_allowed, tile_visits
+from sbd_jax.model.sharding import make_mesh
+from sbd_jax.model.splash import SBDSplashMask, splash_sbd_attention
 
 
 def spec_mask(seq_len, k):

@@ -8,10 +8,13 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 from tests.conftest import requires_smollm2
 from tests.test_train import losses
+
+pytestmark = pytest.mark.slow  # two training processes, killed and resumed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -5,11 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax.config import ModelConfig
+from sbd_jax.decoding.sbd import SBDDecoder
 from sbd_jax.errors import UserError
-from sbd_jax.kv_cache import append, init_cache
-from sbd_jax.model import Transformer, init_params
-from sbd_jax.objective import (
+from sbd_jax.model.config import ModelConfig
+from sbd_jax.model.kv_cache import append, init_cache
+from sbd_jax.model.transformer import Transformer, init_params
+from sbd_jax.training.objective import (
     Batch,
     check_objective,
     noise,
@@ -18,7 +19,6 @@ from sbd_jax.objective import (
     sbd_loss,
     training_inputs,
 )
-from sbd_jax.sbd_decoder import SBDDecoder
 from tests.test_masks_attention import spec_mask
 
 CFG = ModelConfig(model_type="llama", vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -254,7 +254,7 @@ def reference_draft_matp(params, batch, masked, decay, soft):
 
 @pytest.mark.parametrize("decay, soft", [(2.0, 0.0), (0.0, 0.6), (1.5, 1.0)])
 def test_position_decay_and_soft_targets_equal_the_per_token_reference(decay, soft):
-    from sbd_jax.objective import DraftTraining
+    from sbd_jax.training.objective import DraftTraining
 
     params = init_params(CFG, seed=3)
     batch = make_batch()
@@ -272,7 +272,7 @@ def test_position_decay_and_soft_targets_equal_the_per_token_reference(decay, so
 def test_soft_targets_do_not_train_the_teacher():
     """The clean half's distribution is a target, not a prediction: the MATP term's gradient with respect to
     the clean hidden states (the teacher) is zero, with respect to the noisy ones (the student) it is not."""
-    from sbd_jax.objective import DraftTraining, _matp
+    from sbd_jax.training.objective import DraftTraining, _matp
 
     batch = make_batch()
     layout = noisy_layout(batch, K)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from sbd_jax.checkpoints.load import load_model
-from sbd_jax.decoders import NTPDecoder
-from sbd_jax.sampler import generate
-from sbd_jax.tokenizer import encode_prompt
+from sbd_jax.checkpoints.tokenizer import encode_prompt
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.generate import generate
 from tests.conftest import requires_smollm2
 
 pytestmark = [requires_smollm2, pytest.mark.real_model]

@@ -6,14 +6,14 @@ import subprocess
 
 import pytest
 
-from recipes.smollm2_sbd.distill import repetition, write_distilled
 from recipes.smollm2_sbd import eval as recipe_eval
+from recipes.smollm2_sbd.distill import repetition, write_distilled
 from recipes.smollm2_sbd.eval import choose_gamma
 from recipes.smollm2_sbd.humaneval import completion_from_answer, pass_rate, problems
 from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, MODULES, make_prompts
 from recipes.smollm2_sbd.report import markdown
+from sbd_jax.decoding.generate import Generation
 from sbd_jax.evaluation.scoring import first_difference
-from sbd_jax.sampler import Generation
 from tests.conftest import requires_smollm2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -200,6 +200,7 @@ def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_th
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     """distill -> SBD fine-tune -> evaluation on the real SmolLM2, toy sizes, through the GPU script."""
     env = dict(os.environ, XLA_FLAGS="", OUT=str(tmp_path))
@@ -228,6 +229,7 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_gpu_script_returns_its_log_and_preflight_when_cut_short(tmp_path):
     env = dict(os.environ, XLA_FLAGS="", OUT=str(tmp_path))
     script = os.path.join(ROOT, "recipes", "smollm2_sbd", "gpu.sh")

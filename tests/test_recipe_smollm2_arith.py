@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -12,10 +14,10 @@ def tiny_base(path: str) -> str:
     """A random tiny Llama with the character tokenizer, saved as an HF directory (a stand-in for SmolLM2)."""
     from experiments.small_scale.config import SMOKE_ARCHITECTURE
     from sbd_jax.checkpoints.hf import save_hf
-    from sbd_jax.config import ModelConfig
+    from sbd_jax.checkpoints.tokenizer import load_tokenizer
     from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
-    from sbd_jax.model import init_params
-    from sbd_jax.tokenizer import load_tokenizer
+    from sbd_jax.model.config import ModelConfig
+    from sbd_jax.model.transformer import init_params
 
     tokenizer = load_tokenizer(save_char_tokenizer(os.path.join(path, "tok")))
     config = ModelConfig(**SMOKE_ARCHITECTURE, vocab_size=len(tokenizer), eos_token_ids=(tokenizer.eos_token_id,))
@@ -23,6 +25,7 @@ def tiny_base(path: str) -> str:
     return os.path.join(path, "base")
 
 
+@pytest.mark.slow
 def test_smoke_run_trains_both_stages_evaluates_every_setting_and_resumes(tmp_path):
     base = tiny_base(str(tmp_path))
     work = str(tmp_path / "work")

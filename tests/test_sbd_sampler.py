@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax.decoders import NTPDecoder
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.generate import generate
+from sbd_jax.decoding.sbd import SBDDecoder
+from sbd_jax.decoding.token_choice import TWO_REDUCTIONS_FROM_VOCAB, eb_reveal, greedy_token, uncertainty
 from sbd_jax.errors import UserError
-from sbd_jax.kv_cache import append, init_cache
-from sbd_jax.model import Transformer, init_params
-from sbd_jax.sampler import generate
-from sbd_jax.sbd_decoder import SBDDecoder
-from sbd_jax.token_choice import TWO_REDUCTIONS_FROM_VOCAB, eb_reveal, greedy_token, uncertainty
+from sbd_jax.model.kv_cache import append, init_cache
+from sbd_jax.model.transformer import Transformer, init_params
 from tests.test_decoding import CFG as BASE_CFG
 from tests.test_decoding import PROMPTS
 

@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.errors import UserError
 from sbd_jax.evaluation.arithmetic import (
     final_result,
@@ -17,7 +18,6 @@ from sbd_jax.evaluation.arithmetic import (
     worked_answer,
 )
 from sbd_jax.evaluation.char_tokenizer import save_char_tokenizer
-from sbd_jax.tokenizer import load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,6 +66,7 @@ def test_char_tokenizer_round_trips_code_and_renders_chats(tmp_path):
     assert chat == "b1a2+a3="
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_every_result(tmp_path):
     """The whole pipeline (data, trainings, evaluation grid, speed, report, plots) at toy sizes."""
     env = dict(os.environ, PYTHONPATH=ROOT, XLA_FLAGS="")

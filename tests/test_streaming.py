@@ -5,10 +5,19 @@ import json
 import numpy as np
 import pytest
 
-from sbd_jax import streaming
-from sbd_jax.data import Packed, read_records
+from sbd_jax.data import streaming
+from sbd_jax.data.chunks import (
+    CHUNK_BYTES,
+    CORPUS_CHUNKS,
+    MIN_CHUNK_BYTES,
+    OPEN_CHUNKS,
+    Records,
+    chunk_bytes_for,
+    plan_chunks,
+)
+from sbd_jax.data.config import DataConfig
+from sbd_jax.data.packing import Packed, read_records
 from sbd_jax.errors import UserError
-from sbd_jax.train_config import DataConfig
 from tests.test_data import char_tokenizer
 
 
@@ -22,9 +31,9 @@ def corpus(tmp_path, n=200, name="a.jsonl"):
     return str(path)
 
 
-def read(chunks, open_chunks=streaming.OPEN_CHUNKS):
+def read(chunks, open_chunks=OPEN_CHUNKS):
     """The records of the chunks in their order, one epoch (its end marker dropped)."""
-    records = list(streaming._Records(chunks, seed=None, open_chunks=open_chunks))
+    records = list(Records(chunks, seed=None, open_chunks=open_chunks))
     assert records[-1] == {"epoch_end": 0}
     return records[:-1]
 
@@ -32,7 +41,7 @@ def read(chunks, open_chunks=streaming.OPEN_CHUNKS):
 @pytest.mark.parametrize("chunk_bytes", [1, 97, 1000, 1 << 20])
 def test_chunks_hold_every_record_exactly_once_in_order(tmp_path, chunk_bytes):
     path = corpus(tmp_path)
-    chunks = streaming.plan_chunks([path], chunk_bytes)
+    chunks = plan_chunks([path], chunk_bytes)
     assert len(chunks) == -(-len(open(path, "rb").read()) // chunk_bytes)
     assert read(chunks, open_chunks=1) == list(read_records(path))
     # Read many at once, chunks interleave: every record still once, each chunk's in file order.
@@ -45,21 +54,21 @@ def test_chunks_hold_every_record_exactly_once_in_order(tmp_path, chunk_bytes):
 
 def test_a_small_corpus_is_cut_finely_and_a_large_one_in_large_chunks(tmp_path):
     small = corpus(tmp_path)
-    assert streaming.chunk_bytes_for([small]) == streaming.MIN_CHUNK_BYTES
+    assert chunk_bytes_for([small]) == MIN_CHUNK_BYTES
     large = tmp_path / "large.jsonl"
     with open(large, "wb") as f:  # sparse: sized, not written
-        f.truncate(5 * streaming.CHUNK_BYTES * streaming.CORPUS_CHUNKS)
-    assert streaming.chunk_bytes_for([str(large)]) == streaming.CHUNK_BYTES
-    assert streaming.chunk_bytes_for([small, str(large)]) == streaming.CHUNK_BYTES
+        f.truncate(5 * CHUNK_BYTES * CORPUS_CHUNKS)
+    assert chunk_bytes_for([str(large)]) == CHUNK_BYTES
+    assert chunk_bytes_for([small, str(large)]) == CHUNK_BYTES
 
 
 def test_a_bad_record_is_named_by_file_and_line_or_by_byte_in_later_chunks(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"text": 3}\n' + '{"text": "fine"}\n' * 10 + "{oops\n")
     with pytest.raises(UserError, match=f"{path}:2: expected"):
-        read(streaming.plan_chunks([str(path)]))
+        read(plan_chunks([str(path)]))
     with pytest.raises(UserError, match=rf"{path} \(line at byte 199\): not valid JSON"):
-        read(streaming.plan_chunks([str(path)], 150)[1:])
+        read(plan_chunks([str(path)], 150)[1:])
 
 
 def batches(files, tok, shards=2, host=0, hosts=1, workers=0):
@@ -160,8 +169,8 @@ def test_bad_shard_settings_are_refused(tmp_path):
 
 KILLED_READER = """
 import glob, os, signal, sys, threading, time
-from sbd_jax import streaming
-from sbd_jax.train_config import DataConfig
+from sbd_jax.data import streaming
+from sbd_jax.data.config import DataConfig
 from tests.test_data import char_tokenizer
 import pathlib
 if __name__ == "__main__":
@@ -222,13 +231,13 @@ def test_every_shard_reads_each_of_its_documents_once_an_epoch_and_shards_are_di
     one chunk side by side (a 300-document corpus of 8 chunks served 43 distinct documents an epoch)."""
     path = unique_corpus(tmp_path, 400)
     chunk_bytes = -(-len(open(path, "rb").read()) // num_chunks)
-    chunks = streaming.plan_chunks([path], chunk_bytes)
+    chunks = plan_chunks([path], chunk_bytes)
     assert len(chunks) == num_chunks
     everything = sorted(r["text"] for r in read(chunks))
     for epoch in range(3):
         seen = []
         for shard in range(shards):
-            records = streaming._Records(chunks, seed=5, shard=shard, shards=shards)
+            records = Records(chunks, seed=5, shard=shard, shards=shards)
             iterator = iter(records)
             for _ in range(epoch):  # skip earlier epochs
                 while "epoch_end" not in next(iterator):

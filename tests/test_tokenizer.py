@@ -5,7 +5,7 @@ import os
 import pytest
 
 from sbd_jax.checkpoints.load import resolve
-from sbd_jax.tokenizer import encode_prompt, load_tokenizer
+from sbd_jax.checkpoints.tokenizer import encode_prompt, load_tokenizer
 from tests.conftest import requires_smollm2
 
 TEXTS = ["Hello world", "  leading spaces and\ttabs\n\nnewlines", "def f(x):\n    return x ** 2  # café ☕ 日本語",

@@ -14,7 +14,7 @@ import pytest
 
 from configs import tiny
 from sbd_jax.errors import UserError
-from sbd_jax.trainer import Trainer
+from sbd_jax.training.trainer import Trainer
 from tests.conftest import requires_smollm2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,8 +51,8 @@ def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["3", "6"]
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.sampler import generate
-    from sbd_jax.sbd_decoder import SBDDecoder
+    from sbd_jax.decoding.generate import generate
+    from sbd_jax.decoding.sbd import SBDDecoder
 
     model = load_model(str(tmp_path / "hf"))
     assert model.config.mask_token_id == model.config.vocab_size - 1  # a new embedding row
@@ -63,6 +63,7 @@ def test_tiny_run_trains_checkpoints_and_exports_an_sbd_model(tmp_path):
 
 
 @requires_smollm2
+@pytest.mark.slow  # two training runs
 def test_a_wsd_decay_branch_continues_the_long_run_it_starts_from(tmp_path):
     wsd = dict(checkpoint__every=3, optimizer__schedule="wsd", optimizer__warmup_steps=2)
     long = quick_config(train__steps=6, **wsd)
@@ -86,7 +87,7 @@ def test_one_compiled_step_for_every_block_size_equals_the_step_compiled_for_tha
 
     import jax.numpy as jnp
 
-    from sbd_jax.train_step import TrainState
+    from sbd_jax.training.step import TrainState
     from tests.test_sharding import _setup
 
     _, params, tx, batch, per_size = _setup()
@@ -106,6 +107,7 @@ def test_one_compiled_step_for_every_block_size_equals_the_step_compiled_for_tha
 
 
 @requires_smollm2
+@pytest.mark.slow  # 15 steps
 def test_a_run_over_every_block_size_compiles_its_step_once(tmp_path):
     """XLA compiles of the train step (counted by jax.monitoring) in a 15-step run over sizes 2..16: one."""
     compiles = []
@@ -127,6 +129,7 @@ def run_train(workdir, steps, every):
 
 
 @requires_smollm2
+@pytest.mark.slow
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(tmp_path):
     env = {**os.environ, "XLA_FLAGS": ""}
     straight = subprocess.run(run_train(tmp_path / "a", 8, 2), cwd=ROOT, env=env, capture_output=True, text=True)
@@ -175,6 +178,7 @@ def test_sigterm_saves_the_finished_step_and_a_rerun_continues_from_it(tmp_path)
 
 
 @requires_smollm2
+@pytest.mark.slow  # three runs compile
 def test_a_run_spent_in_pieces_with_until_equals_the_uninterrupted_run(tmp_path):
     cfg = quick_config(train__steps=5, checkpoint__every=100, train__log_every=1)
     whole = Trainer(cfg, str(tmp_path / "whole")).run()
@@ -188,6 +192,7 @@ def test_a_run_spent_in_pieces_with_until_equals_the_uninterrupted_run(tmp_path)
 
 
 @requires_smollm2
+@pytest.mark.slow  # Grain workers start
 def test_sigterm_after_a_save_with_grain_workers_still_stops_the_run(tmp_path):
     """Orbax's (async) save and Grain's worker processes leave the SIGTERM handler in place."""
     cfg = quick_config(train__steps=40, train__log_every=1, checkpoint__every=4)
@@ -209,7 +214,7 @@ def test_sigterm_after_a_save_with_grain_workers_still_stops_the_run(tmp_path):
 IN_FLIGHT = r"""
 import sys
 from tests.test_train import quick_config
-from sbd_jax.trainer import Trainer
+from sbd_jax.training.trainer import Trainer
 
 cfg = quick_config(train__steps=24, train__log_every=1000, checkpoint__every=1000)  # one sync: the end
 cfg.mesh, cfg.export_hf = (1, 1, 1), False
@@ -233,6 +238,7 @@ print(max(unfinished))
 
 
 @requires_smollm2
+@pytest.mark.slow  # 45 s of dispatch timing (CI's 30-minute budget)
 def test_at_most_two_steps_are_in_flight(tmp_path):
     """Dispatch runs ahead of the device; unbounded, the loop queued every step up to the next metric
     fetch and then waited there in C, where no Python signal handler runs: the real-text study took ten
@@ -317,6 +323,7 @@ def test_train_cli_reports_bad_input_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("config", ["llama3_8b.py", "qwen3_8b.py"])
+@pytest.mark.slow
 def test_8b_configs_compile_on_8_devices_and_fit_80gb(config):
     from benchmarks.compile_8b import compile_report
 
@@ -341,7 +348,7 @@ def test_sigterm_with_no_unsaved_step_or_a_second_time_stops_at_once():
     import signal
     import time
 
-    from sbd_jax.stop_request import Stopped, StopRequest
+    from sbd_jax.training.stop_request import Stopped, StopRequest
 
     with StopRequest() as stop:
         with pytest.raises(Stopped, match="no unsaved step"):

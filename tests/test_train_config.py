@@ -10,7 +10,7 @@ from configs import tiny
 from configs.base import get_base
 from sbd_jax.config_files import load_config_file
 from sbd_jax.errors import UserError
-from sbd_jax.train_config import DataConfig, LoopConfig, ModelSection, TrainConfig
+from sbd_jax.training.config import DataConfig, LoopConfig, ModelSection, TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

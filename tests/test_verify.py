@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sbd_jax.block_choice import choose_block_size
-from sbd_jax.decoders import NTPDecoder
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.block_choice import choose_block_size
+from sbd_jax.decoding.generate import generate
+from sbd_jax.decoding.sbd import SBDDecoder
+from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
-from sbd_jax.model import Transformer, init_params
-from sbd_jax.sampler import generate
-from sbd_jax.sbd_decoder import SBDDecoder
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
+from sbd_jax.model.transformer import Transformer, init_params
 from tests.conftest import requires_smollm2
 from tests.test_decoding import CFG as QWEN2
 
@@ -153,10 +153,11 @@ def test_accounting_equals_the_python_reference(which, k):
 
 @requires_smollm2
 @pytest.mark.real_model
+@pytest.mark.slow  # real SmolLM2, 3 decoders
 def test_verified_smollm2_with_an_untrained_mask_token_equals_ntp():
     """Drafts of a model never trained to fill blocks are mostly wrong: rejections everywhere, same text."""
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
     from tests.test_real_smollm2 import CHAT_PROMPTS
 
     loaded = load_model("smollm2-135m")

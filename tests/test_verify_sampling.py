@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sbd_jax.config import ModelConfig
-from sbd_jax.model import Transformer, init_params
-from sbd_jax.sampler import generate
-from sbd_jax.token_choice import sampling_logits, without_token
-from sbd_jax.verified_decoder import VerifiedSBDDecoder
+from sbd_jax.decoding.generate import generate
+from sbd_jax.decoding.token_choice import sampling_logits, without_token
+from sbd_jax.decoding.verified import VerifiedSBDDecoder
+from sbd_jax.model.config import ModelConfig
+from sbd_jax.model.transformer import Transformer, init_params
 
 VOCAB, MASK = 9, 8
 CFG = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.masks import SBDTrainingMask
-from sbd_jax.model import Transformer
+from sbd_jax.model.masks import SBDTrainingMask
+from sbd_jax.model.transformer import Transformer
 
 
 def conditional_acceptance(config: Any, params: Any, prompts: Sequence[Sequence[int]],

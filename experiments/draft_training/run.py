@@ -50,7 +50,7 @@ SMOKE = dict(batch=2, seq_len=64, valid=2, max_new=8, loss_rows=2, adapter_rank=
 def arm_config(name: str, objective: dict, sizes: dict, workdir: str, steps: int) -> Any:
     """The recipe's CPU training config with the arm's objective options (and the adapter for that arm)."""
     from recipes.smollm2_sbd.run import CPU, training_config
-    from sbd_jax.train_config import TrainConfig
+    from sbd_jax.training.config import TrainConfig
 
     sizes = dict(CPU, steps=steps, batch=sizes["batch"], seq_len=sizes["seq_len"], milestones=3)
     cfg = training_config(os.path.join(ROOT, "configs", "smollm2_135m.py"), "smollm2-135m", DATA, sizes, "float32")
@@ -73,7 +73,7 @@ def seconds_per_step(name: str, objective: dict, sizes: dict, scratch: str) -> f
     import dataclasses
     import statistics
 
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     cfg = arm_config(name, objective, sizes, scratch, steps=sizes["timed_steps"] + 1)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, log_every=1))
@@ -88,8 +88,8 @@ def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> d
     from experiments.draft_training.acceptance import conditional_acceptance
     from recipes.smollm2_sbd.eval import chat
     from recipes.smollm2_sbd.prompts import heldout_source_files
+    from sbd_jax.data.jsonl import iter_jsonl
     from sbd_jax.evaluation.measure import Trained, decode, heldout_ntp_loss
-    from sbd_jax.jsonl import iter_jsonl
     if name == "adapter":
         from sbd_jax.api import load
 
@@ -130,8 +130,8 @@ def base_reference(sizes: dict) -> dict:
     from recipes.smollm2_sbd.eval import chat
     from recipes.smollm2_sbd.prompts import heldout_source_files
     from sbd_jax.checkpoints.load import load_model
+    from sbd_jax.data.jsonl import iter_jsonl
     from sbd_jax.evaluation.measure import Trained, decode, heldout_ntp_loss
-    from sbd_jax.jsonl import iter_jsonl
 
     loaded = load_model("smollm2-135m")
     model = Trained("base", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
         for step in [round(arm["steps"] * i / 3) for i in (1, 2, 3)]:
             if any(p["step"] == step for p in arm["points"]):
                 continue
-            from sbd_jax.trainer import Trainer
+            from sbd_jax.training.trainer import Trainer
 
             began = time.perf_counter()
             trainer = trainer or Trainer(cfg, workdir)

@@ -61,12 +61,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.decoding.base import NTPDecoder
+    from sbd_jax.decoding.generate import generate_batched
+    from sbd_jax.decoding.sbd import SBDDecoder
     from sbd_jax.evaluation.arithmetic import STUDY, study_splits
     from sbd_jax.evaluation.measure import chat_prompt
     from sbd_jax.evaluation.results import write_json
-    from sbd_jax.sampler import generate_batched
-    from sbd_jax.sbd_decoder import SBDDecoder
 
     model = load_model(args.model)
     test = study_splits().test

@@ -70,7 +70,7 @@ def train(name: str, variant: str, steps: int, sizes: dict, corpus, tokenizer_di
     import jax
 
     from sbd_jax.evaluation.measure import Trained
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     runs = os.path.join(workdir, "runs")
     cfg = get_config(variant, files=corpus.train_files, tokenizer=tokenizer_dir, steps=steps,
@@ -124,8 +124,8 @@ def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) ->
     """Wall-clock tokens/s at batch 1 and 8 of NTP and of SBD at each block's γ chosen on validation,
     all in this one run, with time(k)/time(1) of this model's forward beside it."""
     from experiments.small_scale.report import chosen_on_validation
+    from sbd_jax.decoding.timing import forward_cost_ratio
     from sbd_jax.evaluation import measure as ev
-    from sbd_jax.timing import forward_cost_ratio
 
     problems = corpus.test_problems[: sizes["speed_problems"]]
     chosen = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
@@ -153,7 +153,7 @@ def evaluate_and_report(models: dict, curves: dict, train_seconds: dict, corpus,
     import jax
 
     from experiments.small_scale.report import write_report
-    from sbd_jax.data import load_packed, padding_fraction
+    from sbd_jax.data.packing import load_packed, padding_fraction
     from sbd_jax.evaluation import measure as ev
 
     ntp = models["ntp"]

@@ -40,7 +40,7 @@ SMOKE = dict(train_problems=200, valid_problems=6, test_problems=8, max_digits=2
 
 def plain_prompt(tokenizer, question: str) -> list[int]:
     """The prompt the recipe trains on and decodes from: the question and '=', as raw text."""
-    from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
 
     return encode_prompt(tokenizer, question + "=", chat=False)
 
@@ -80,7 +80,7 @@ def stage_config(stage: int, model: str, train_file: str, sizes: dict):
 
 
 def train_stage(stage: int, model: str, train_file: str, sizes: dict, workdir: str) -> dict:
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     run_dir = os.path.join(workdir, f"stage{stage}")
     if not os.path.exists(os.path.join(run_dir, "hf", "config.json")):
@@ -170,8 +170,8 @@ def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
 def speed(model, entries: list[dict], sizes: dict, test: list) -> list[dict]:
     """Decoding tokens/s of stage 2 at batch 1 and 8: NTP, SBD at each block's chosen γ and verified
     SBD, in this one run; time(k)/time(1) of one forward on this CPU and on an H100 (roofline)."""
+    from sbd_jax.decoding.timing import forward_cost_ratio
     from sbd_jax.evaluation.measure import tokens_per_second
-    from sbd_jax.timing import forward_cost_ratio
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")

@@ -13,9 +13,9 @@ import json
 import os
 from typing import Any, Sequence
 
-from sbd_jax.decoders import Decoder
-from sbd_jax.sampler import Executables, Generation, generate
-from sbd_jax.tokenizer import encode_prompt
+from sbd_jax.checkpoints.tokenizer import encode_prompt
+from sbd_jax.decoding.base import Decoder
+from sbd_jax.decoding.generate import Executables, Generation, generate
 
 LOOP_WINDOW = 16
 

@@ -49,7 +49,7 @@ def ntp_setting() -> dict:
 
 
 def drafts_setting(block_size: int, drafts: str) -> dict:
-    """Verified decoding with lookup or hybrid drafts (`sbd_jax.lookup`); lookup needs no fine-tune."""
+    """Verified decoding with lookup or hybrid drafts (`sbd_jax.decoding.lookup`); lookup needs no fine-tune."""
     return dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True, drafts=drafts)
 
 
@@ -60,7 +60,7 @@ def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
 
 def chat(tokenizer: Any, question: str) -> list[int]:
     """A question as the fine-tune saw its prompts (the chat template, generation prompt added)."""
-    from sbd_jax.tokenizer import encode_prompt
+    from sbd_jax.checkpoints.tokenizer import encode_prompt
 
     return encode_prompt(tokenizer, question, chat=True)
 
@@ -203,9 +203,9 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
     """Decoding tokens/s at batch 1 and 8 in this one run: NTP, plain SBD at each block's chosen γ (the
     paper's first chat γ where validation chose none, marked so), and verified SBD; beside it
     time(k)/time(1) of one forward here and on an H100 (roofline)."""
+    from sbd_jax.decoding.timing import forward_cost_ratio
     from sbd_jax.evaluation.measure import tokens_per_second
     from sbd_jax.roofline import lookup, slowdown
-    from sbd_jax.timing import forward_cost_ratio
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
     settings = [ntp_setting()]
@@ -237,7 +237,7 @@ def load(name: str, spec: str, scan_layers: bool, dtype: str, base: str | None =
     workdir/adapter) on `base`."""
     import jax
 
-    from sbd_jax.adapter import CONFIG, attach_adapter
+    from sbd_jax.checkpoints.adapter import CONFIG, attach_adapter
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.evaluation.measure import Trained
 
@@ -273,7 +273,7 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
 
     from recipes.smollm2_sbd.humaneval import INSTRUCTION, problems
     from recipes.smollm2_sbd.prompts import heldout_source_files
-    from sbd_jax.jsonl import iter_jsonl
+    from sbd_jax.data.jsonl import iter_jsonl
 
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     tasks = problems(args.problems)

@@ -65,7 +65,7 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     )
     from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, make_prompts
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.decoders import NTPDecoder
+    from sbd_jax.decoding.base import NTPDecoder
     from sbd_jax.evaluation.results import provenance
 
     began = time.perf_counter()
@@ -126,7 +126,7 @@ def training_config(config: str, base: str, data: str, sizes: dict, dtype: str):
 def train(cfg, workdir: str, until: int | None = None) -> dict:
     """Trains (or resumes) to cfg.train.steps, or to step `until` of the same run; exports every kept
     milestone reached to WORKDIR/hf_STEP."""
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     began = time.perf_counter()
     trainer = Trainer(cfg, workdir)
@@ -155,7 +155,7 @@ def ntp_control(cfg, workdir: str) -> str:
     """Claim 1's control: an NTP-only fine-tune with the same data, steps, batch and schedule, so the
     held-out loss separates what the data does to the model from what the SBD objective adds. Resumable
     like the SBD run; returns its exported HF directory."""
-    from sbd_jax.trainer import Trainer
+    from sbd_jax.training.trainer import Trainer
 
     cfg.objective.kind = "ntp"
     Trainer(cfg, workdir).run()
@@ -172,7 +172,7 @@ def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype
         sbd_setting,
         summary,
     )
-    from sbd_jax.jsonl import iter_jsonl
+    from sbd_jax.data.jsonl import iter_jsonl
 
     valid = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(data, "valid.jsonl"))]
     out = []

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from sbd_jax.checkpoints.hf import params_from_tensors
-from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
+from sbd_jax.model.config import ModelConfig
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 

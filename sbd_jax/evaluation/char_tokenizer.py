@@ -2,7 +2,7 @@
 
 Small models spend most of their time in the output layer when the vocabulary is 49k; one id per
 character keeps a few-million-parameter model's step dominated by its layers, and the directory
-loads through `sbd_jax.tokenizer.load_tokenizer` like any other model's tokenizer.
+loads through `sbd_jax.checkpoints.tokenizer.load_tokenizer` like any other model's tokenizer.
 """
 
 from __future__ import annotations

@@ -12,15 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.config import ModelConfig
-from sbd_jax.data import Packed, load_packed
+from sbd_jax.checkpoints.tokenizer import encode_prompt
+from sbd_jax.data.packing import Packed, load_packed
+from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
+from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.arithmetic import Problem, final_result
 from sbd_jax.evaluation.scoring import wilson
-from sbd_jax.model import Transformer
-from sbd_jax.objective import Batch, ntp_loss
-from sbd_jax.sampler import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
-from sbd_jax.settings import Settings
-from sbd_jax.tokenizer import encode_prompt
+from sbd_jax.model.config import ModelConfig
+from sbd_jax.model.transformer import Transformer
+from sbd_jax.training.objective import Batch, ntp_loss
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,203 @@
+"""The gated adapter: a small set of weights that teaches a frozen model to fill SBD's blocks while every
+other position stays the base model's bit for bit.
+
+The adapter (after "Your LLM Knows the Future", arXiv 2507.11851, gated LoRA) adds `(alpha / rank) B A x`
+to the targeted projections only at a forward's block (masked) positions, and gives the mask token its
+own embedding there (`model.LowRank`, `Transformer.gate_from`). Committed tokens never attend to a block,
+so prefill, the KV cache, NTP decoding and the verifying logits are exactly the base model's, and verified
+decoding reproduces the base model, not a fine-tuned copy of it. Training updates only the adapter.
+
+On disk an adapter is a directory beside the base model: `adapter.safetensors` (per-layer tensors named
+by their path, e.g. `layers_3/self_attn/q_proj_lora/a`) and `adapter.json` (rank, alpha, targets, the mask
+token, and the base it was trained on: architecture and a fingerprint of its weights, checked on load).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sbd_jax.errors import UserError
+from sbd_jax.model.config import AdapterConfig, ModelConfig
+
+FORMAT = "sbd_jax.adapter/1"
+WEIGHTS, CONFIG = "adapter.safetensors", "adapter.json"
+MASK_EMBEDDING = "adapter_mask_embedding"
+# The base's architecture fields an adapter must match (its shapes and what its positions mean).
+_BASE_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+
+
+def split(params: dict) -> tuple[dict, dict]:
+    """(base, adapter) parameter trees of a merged tree."""
+    base, adapter = {}, {}
+    for key, value in params.items():
+        if key == MASK_EMBEDDING or key.endswith("_lora"):
+            adapter[key] = value
+        elif isinstance(value, dict):
+            base[key], inner = split(value)
+            if inner:
+                adapter[key] = inner
+        else:
+            base[key] = value
+    return base, adapter
+
+
+def merge(base: dict, adapter: dict) -> dict:
+    """The base tree with the adapter's subtrees added (neither is changed)."""
+    out = dict(base)
+    for key, value in adapter.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and key in out else value
+    return out
+
+
+def init_adapter(config: ModelConfig, base_params: dict, seed: int = 0) -> dict:
+    """A new adapter for `config.adapter`: random `A`, zero `B` (so the model starts as the base), and the
+    mask token's embedding copied from the base's row for it. The base's own weights are never made anew
+    (only the adapter's subtree leaves the compiled init)."""
+    if config.adapter is None or config.mask_token_id is None:
+        raise UserError("an adapter needs config.adapter and a mask token")
+    fresh = jax.jit(lambda key: adapter_tree(config, key))(jax.random.key(seed))
+    fresh = jax.device_get(fresh)
+    row = np.asarray(base_params["embed_tokens"]["embedding"][config.mask_token_id])
+    fresh[MASK_EMBEDDING] = row.astype(np.asarray(fresh[MASK_EMBEDDING]).dtype)
+    return fresh
+
+
+def fingerprint(params: dict) -> str:
+    """A short hash of a parameter tree: every tensor's path and shape and up to 4,096 of its values (evenly
+    spaced, rounded to bfloat16). Tells one base from another without hashing gigabytes, and is the same
+    for the same weights loaded per layer or scanned, in float32 or bfloat16."""
+    import ml_dtypes
+
+    digest = hashlib.sha256()
+    for path, leaf in sorted(_flat(_per_layer(params)).items()):
+        array = np.asarray(leaf)
+        flat = array.reshape(-1)
+        sample = flat[:: max(1, flat.size // 4096)].astype(np.float32).astype(ml_dtypes.bfloat16)
+        digest.update(f"{path}|{array.shape}|".encode())
+        digest.update(sample.astype(np.float32).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "/"))
+        else:
+            out[name] = value
+    return out
+
+
+def _unflat(flat: dict[str, Any]) -> dict:
+    tree: dict = {}
+    for name, value in flat.items():
+        node = tree
+        *parents, leaf = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+def _per_layer(tree: dict) -> dict:
+    """A scanned model's stacked `layers` subtree as `layers_0 ..` (the file's layout, whatever the run's)."""
+    if "layers" not in tree:
+        return tree
+    rest = {k: v for k, v in tree.items() if k != "layers"}
+    num_layers = jax.tree.leaves(tree["layers"])[0].shape[0]
+    return {**rest, **{f"layers_{i}": jax.tree.map(lambda x: np.asarray(x)[i], tree["layers"])
+                       for i in range(num_layers)}}
+
+
+def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, Any]) -> None:
+    """Writes `adapter.safetensors` and `adapter.json`. `base`: what names the base model (`name`,
+    `fingerprint` of its weights before the mask token was set up, `mask_token`: the spec that set it)."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path, exist_ok=True)
+    tensors = {name: np.ascontiguousarray(np.asarray(value, np.float32))
+               for name, value in _flat(_per_layer(jax.device_get(adapter))).items()}
+    save_file(tensors, os.path.join(path, WEIGHTS))
+    meta = {"format": FORMAT, "rank": config.adapter.rank, "alpha": config.adapter.alpha,
+            "targets": list(config.adapter.targets), "mask_token_id": config.mask_token_id,
+            "base": {**{f: getattr(config, f) for f in _BASE_FIELDS}, **base}}
+    with open(os.path.join(path, CONFIG), "w") as f:
+        json.dump(meta, f, indent=2)
+
+
+def read_adapter_config(path: str) -> dict:
+    """`adapter.json` of an adapter directory, checked to be one."""
+    file = os.path.join(path, CONFIG)
+    if not os.path.isfile(file) or not os.path.isfile(os.path.join(path, WEIGHTS)):
+        raise UserError(f"{path} is not an adapter directory: it needs {CONFIG} and {WEIGHTS} "
+                        "(train.py writes them with adapter.rank > 0)")
+    try:
+        meta = json.load(open(file))
+    except json.JSONDecodeError as e:
+        raise UserError(f"{file} is not valid JSON ({e}); the adapter directory is damaged") from None
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{file} has format {meta.get('format')!r}, not {FORMAT!r}; re-export the adapter")
+    return meta
+
+
+def attach_adapter(path: str, config: ModelConfig, params: dict, tokenizer: Any) -> tuple[ModelConfig, dict, Any]:
+    """The base model (`config`, `params`, `tokenizer`, as loaded) with the adapter in `path`: the base
+    checked against the one the adapter was trained on, its mask token set up as in training."""
+    from safetensors import SafetensorError, safe_open
+
+    from sbd_jax.model.mask_token import setup_mask_token
+
+    meta = read_adapter_config(path)
+    base = meta["base"]
+    for field in _BASE_FIELDS:
+        if base[field] != getattr(config, field):
+            raise UserError(f"adapter {path} was trained on a base with {field}={base[field]}, this model has "
+                            f"{getattr(config, field)}; load the base it names ({base.get('name')})")
+    if fingerprint(params) != base["fingerprint"]:
+        raise UserError(f"adapter {path} was trained on other weights (fingerprint {base['fingerprint']}, this "
+                        f"base {fingerprint(params)}); load the base it names ({base.get('name')})")
+    config, params, tokenizer = setup_mask_token(config, params, tokenizer, base["mask_token"])
+    if config.mask_token_id != meta["mask_token_id"]:
+        raise UserError(f"adapter {path} uses mask token {meta['mask_token_id']}, setting it up on this base gave "
+                        f"{config.mask_token_id}; load it with the tokenizer it was trained with")
+    config = config.replace(adapter=AdapterConfig(rank=meta["rank"], alpha=meta["alpha"],
+                                                  targets=tuple(meta["targets"])))
+    per_layer = config.replace(scan_layers=False)  # the file's layout
+    expected = _flat(jax.eval_shape(lambda key: adapter_tree(per_layer, key), jax.random.key(0)))
+    try:
+        with safe_open(os.path.join(path, WEIGHTS), "np") as f:
+            found = {name: f.get_tensor(name) for name in f.keys()}
+    except SafetensorError as e:
+        raise UserError(f"{os.path.join(path, WEIGHTS)} is not a readable safetensors file ({e}); it is "
+                        "truncated or corrupt: re-export the adapter") from None
+    if set(found) != set(expected):
+        missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+        raise UserError(f"adapter {path}: tensors do not match its {CONFIG} (missing {missing[:3]}, unexpected "
+                        f"{extra[:3]}); the directory is damaged or mixed from two adapters")
+    for name, want in expected.items():
+        if found[name].shape != want.shape:
+            raise UserError(f"adapter {path}: {name} has shape {found[name].shape}, its {CONFIG} (rank "
+                            f"{meta['rank']}) needs {want.shape}; the files belong to different adapters")
+    adapter = _unflat({n: v.astype(config.weights_dtype) for n, v in found.items()})
+    if config.scan_layers:
+        from sbd_jax.checkpoints.hf import stack_layers
+
+        adapter = stack_layers(adapter, config.num_layers)
+    return config, merge(params, adapter), tokenizer
+
+
+def adapter_tree(config: ModelConfig, key: jax.Array) -> dict:
+    """A freshly initialised adapter for `config` (jit it, or `jax.eval_shape` it for its shapes: the base's
+    weights, initialised alongside, are dropped before anything is computed)."""
+    from sbd_jax.model.transformer import Transformer
+
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    return split(Transformer(config, gate_from=0).init(key, tokens, tokens)["params"])[1]

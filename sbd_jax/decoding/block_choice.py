@@ -1,0 +1,130 @@
+"""Which block size verified SBD should use at a batch size: the rule, from measured quantities.
+
+A verified pass at block k runs 2k tokens a row (k pending, k masked; with lookup drafts only the k
+pending) and emits `tokens_per_forward[k]`
+tokens a row on average; an NTP step runs one token and emits one. So verified SBD at k is faster than
+NTP by about tokens_per_forward[k] x time(1) / time(2k), where time(n) is the bare forward of n tokens
+a row *at this batch size*. Acceptance (tokens per forward) is a property of the model and the text,
+measured once on a few calibration prompts; time(n) is a property of the machine and the batch, and
+grows with n sooner at larger batches (compute, not weight reads, bounds the pass), which is why the
+best k shrinks as the batch grows and NTP wins at some batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+from sbd_jax.decoding.settings import Settings
+from sbd_jax.errors import UserError
+
+BLOCK_SIZES = (4, 8, 16)  # the candidates `measure_block_choice` tries by default
+
+
+def predicted_speedup(tokens_per_forward: float, pass_seconds: float, ntp_step_seconds: float) -> float:
+    """Verified SBD's decoding speed over NTP's if the loop cost nothing beyond the model's forwards."""
+    if not (pass_seconds > 0 and ntp_step_seconds > 0):
+        raise UserError(f"forward times must be > 0 seconds (got a pass of {pass_seconds}, an NTP step of "
+                        f"{ntp_step_seconds})")
+    return tokens_per_forward * ntp_step_seconds / pass_seconds
+
+
+def choose_block_size(tokens_per_forward: Mapping[int, float], pass_seconds: Mapping[int, float],
+                      ntp_step_seconds: float) -> int:
+    """The block size with the highest predicted speed-up, or 1 (NTP) when none is predicted to beat NTP.
+
+    `tokens_per_forward[k]`: measured for the model at block k (calibration prompts); `pass_seconds[k]`:
+    a bare forward of 2k tokens a row at the batch size in question; `ntp_step_seconds`: of one token."""
+    if set(tokens_per_forward) != set(pass_seconds) or not tokens_per_forward:
+        raise UserError("tokens_per_forward and pass_seconds must name the same block sizes")
+    best = max(tokens_per_forward, key=lambda k: predicted_speedup(tokens_per_forward[k], pass_seconds[k],
+                                                                    ntp_step_seconds))
+    return best if predicted_speedup(tokens_per_forward[best], pass_seconds[best], ntp_step_seconds) > 1 else 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockChoice:
+    """The rule's answer and the measurements it read (print them: a user can pin the block size)."""
+
+    block_size: int  # 1: NTP (no block size is predicted to beat it)
+    tokens_per_forward: dict[int, float]  # verified SBD at each candidate k, on the calibration prompts
+    bare_seconds: dict[int, float]  # a bare forward at the batch: key 1 = one token a row, k = 2k tokens a row
+
+    @property
+    def predicted_speedups(self) -> dict[int, float]:
+        return {k: predicted_speedup(t, self.bare_seconds[k], self.bare_seconds[1])
+                for k, t in self.tokens_per_forward.items()}
+
+    def describe(self) -> str:
+        picked = "NTP" if self.block_size == 1 else f"block size {self.block_size}"
+        return f"picked {picked}; " + ", ".join(
+            f"k={k}: {self.tokens_per_forward[k]:.2f} tokens/forward, predicted {s:.2f}x NTP"
+            for k, s in self.predicted_speedups.items())
+
+
+def decoder_for(config: Any, block_size: int, max_new_tokens: int, drafts: str = "sbd") -> Any:
+    """Greedy NTP (`block_size` 1) or verified SBD at `block_size` with `drafts`, stopping at the model's EOS ids."""
+    settings = (Settings(max_new_tokens=max_new_tokens) if block_size == 1
+                else Settings(mode="sbd", block_size=block_size, verify=True, drafts=drafts,
+                              max_new_tokens=max_new_tokens))
+    return settings.decoder(config)
+
+
+def pass_tokens(block_size: int, drafts: str) -> int:
+    """Tokens a row in one verified pass: the k pending tokens, and the k-token masked block unless lookup."""
+    return block_size if drafts == "lookup" else 2 * block_size
+
+
+def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, max_new_tokens: int,
+                pad_to: int = 0) -> int:
+    """The KV-cache slots `generate` gives NTP (`block_size` 1) or verified SBD for these prompts."""
+    from sbd_jax.decoding.generate import pad_prompts
+
+    decoder = decoder_for(config, block_size, max_new_tokens, "lookup")  # every draft source: the same slots
+    return pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, None, config, pad_to=pad_to)[2]
+
+
+def bare_forward_seconds(model: Any, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], batch: int,
+                         max_new_tokens: int, calls: int = 10, pad_to: int = 0, drafts: str = "sbd") -> dict[int, float]:
+    """Seconds of one bare forward at `batch` rows, in the middle of decoding these prompts, in the cache
+    the decoder would get: key 1 for NTP's one token a row, key k for verified SBD's pass (`pass_tokens`)."""
+    from sbd_jax.decoding.timing import forward_seconds
+
+    context = max(pad_to, *map(len, prompts)) + max_new_tokens // 2
+    return {k: forward_seconds(model, batch, 1 if k == 1 else pass_tokens(k, drafts), context, calls,
+                               capacity=cache_slots(model.config, prompts, k, max_new_tokens, pad_to))
+            for k in (1, *block_sizes)}
+
+
+def verified_tokens_per_forward(model: Any, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int],
+                                max_new_tokens: int, batch: int = 8, drafts: str = "sbd") -> dict[int, float]:
+    """Greedy verified SBD's tokens per forward at each block size on these prompts (its output is NTP's
+    at every k; only the forwards it takes differ)."""
+    from sbd_jax.decoding.generate import generate_batched, tokens_per_pass
+
+    return {k: tokens_per_pass(generate_batched(decoder_for(model.config, k, max_new_tokens, drafts), model.params,
+                                                prompts, batch)[0]) for k in block_sizes}
+
+
+def measure_block_choice(model: Any, prompts: Sequence[Sequence[int]], batch: int,
+                         block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
+                         calibration_tokens: int = 64, calls: int = 10, drafts: str = "sbd") -> BlockChoice:
+    """Calibrates and applies the rule for verified SBD at `batch` rows generating up to `max_new_tokens`:
+    tokens per forward measured on the first `calibration_tokens` of greedy verified decoding of `prompts`
+    (a few like those to be served), bare forwards timed on this machine in the cache such a decode gets.
+    `model` has `.config` (with a mask token unless `drafts` is lookup) and `.params`. Costs a short greedy
+    decode per candidate and a few hundred forwards. The draft source is the caller's (`drafts`), not
+    chosen here: sbd / hybrid need an SBD fine-tune, and which source to trust is the user's call; each
+    source's k is a separate calibration."""
+    from sbd_jax.decoding.base import check_whole_number
+
+    check_whole_number("batch", batch, 1)
+    check_whole_number("calibration_tokens", calibration_tokens, 1)
+    check_whole_number("max_new_tokens", max_new_tokens, 1)
+    if not block_sizes or min(block_sizes) < 2:
+        raise UserError(f"block sizes to choose from must be >= 2 (got {list(block_sizes)})")
+    measured = verified_tokens_per_forward(model, prompts, block_sizes, min(max_new_tokens, calibration_tokens),
+                                           drafts=drafts)
+    bare = bare_forward_seconds(model, prompts, block_sizes, batch, max_new_tokens, calls, drafts=drafts)
+    chosen = choose_block_size(measured, {k: bare[k] for k in block_sizes}, bare[1])
+    return BlockChoice(chosen, measured, bare)

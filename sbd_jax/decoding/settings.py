@@ -1,0 +1,75 @@
+"""Decoding settings, checked once when made, and the decoder class that runs them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sbd_jax.decoding.base import (
+    DEFAULT_GAMMA,
+    Decoder,
+    NTPDecoder,
+    check_block_size,
+    check_decoding_options,
+    check_flag,
+    check_gamma,
+    check_proxy,
+)
+from sbd_jax.decoding.sbd import SBDDecoder
+from sbd_jax.decoding.verified import VerifiedSBDDecoder, check_draft_source
+from sbd_jax.errors import UserError
+
+MODES = ("ntp", "sbd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How to decode. Every field is checked here, once, when the settings are made (before any model
+    is loaded); `decoder` then builds the decoder class that runs them."""
+
+    mode: str = "ntp"  # ntp: one token per forward; sbd: blocks of tokens per forward
+    max_new_tokens: int = 128
+    block_size: int = 16  # sbd: tokens per block
+    gamma: float | None = None  # sbd: entropy budget per pass (None: decoders.DEFAULT_GAMMA); not with verify
+    proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
+    verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
+    drafts: str = "sbd"  # verify: what proposes the drafts: sbd (the masked block), lookup (n-grams of the
+    # context: no fine-tune, no mask token needed) or hybrid (per row, whichever has had more drafts kept)
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise UserError(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
+        check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
+        check_flag("verify", self.verify)
+        check_draft_source(self.drafts)
+        if self.drafts != "sbd" and not self.verify:
+            raise UserError(f"drafts {self.drafts!r} (--drafts) are proposals for verification: add verify "
+                            "(--mode sbd --verify)")
+        if self.verify and self.mode != "sbd":
+            raise UserError("verify (--verify) checks SBD's drafts: use it with mode 'sbd' (--mode sbd)")
+        if self.verify and self.gamma is not None:
+            raise UserError("gamma (--gamma) has no effect with verify (--verify): drafts come from one pass and "
+                            "verification decides what is kept; drop gamma, or drop verify for Entropy-Bounded "
+                            "decoding")
+        check_block_size(self.block_size)
+        if self.mode == "sbd":
+            check_proxy(self.proxy)
+        if self.gamma is not None:
+            check_gamma(self.gamma)
+
+    @property
+    def entropy_budget(self) -> float:
+        """γ as the decoder receives it (plain SBD's default when unset; the other decoders ignore it)."""
+        return DEFAULT_GAMMA if self.gamma is None else self.gamma
+
+    def decoder(self, config: Any) -> Decoder:
+        """The decoder that runs these settings for a model of `config`; it stops at the model's EOS ids."""
+        common = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                      eos_ids=config.eos_token_ids)
+        if self.mode == "ntp":
+            return NTPDecoder(config, **common)
+        if self.verify:
+            return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts, **common)
+        return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)

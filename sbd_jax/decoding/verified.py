@@ -1,0 +1,285 @@
+"""Verified (lossless) decoding: drafted tokens kept only where NTP agrees, drafts from SBD's masked block,
+from prompt lookup, or from either (hybrid)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from sbd_jax.decoding.base import DecodeOutput, Knobs, kept_through_eos
+from sbd_jax.decoding.lookup import lookup_drafts
+from sbd_jax.decoding.sbd import BlockDecoder
+from sbd_jax.decoding.token_choice import (
+    draw,
+    greedy_token,
+    leading_true,
+    sampling_logits,
+    speculative_accept,
+    without_token,
+)
+from sbd_jax.errors import UserError
+from sbd_jax.model.kv_cache import KVCache, append
+from sbd_jax.model.transformer import NewKV, Transformer
+
+DRAFT_SOURCES = ("sbd", "lookup", "hybrid")
+
+
+def check_draft_source(drafts: str) -> None:
+    """Raises UserError for an unknown draft source (callable before any model is loaded)."""
+    if drafts not in DRAFT_SOURCES:
+        raise UserError(f"unknown draft source {drafts!r}: use one of {', '.join(DRAFT_SOURCES)}")
+
+
+def sbd_preferred(sbd_accepted: jax.Array, sbd_uses: jax.Array, lookup_accepted: jax.Array,
+                  lookup_uses: jax.Array) -> jax.Array:
+    """Hybrid's choice, per row: SBD's block has had at least as many drafts kept per pass that verified
+    it as lookup's drafts per pass of theirs, each mean starting from one imagined pass with one kept
+    draft (so that a source is tried before it is judged, and a few passes decide)."""
+    return (sbd_accepted + 1) * (lookup_uses + 1) >= (lookup_accepted + 1) * (sbd_uses + 1)
+
+
+@struct.dataclass
+class _VerifyState:
+    iteration: jax.Array
+    cache: KVCache
+    pending: jax.Array  # [B, k] an exact token, then the drafts it is followed by
+    pending_count: jax.Array  # [B] 1 + drafts
+    from_lookup: jax.Array  # [B] the pending drafts came from prompt lookup (else from SBD's block)
+    draft_logits: jax.Array  # [B, k, V] sampling: at j, the distribution drafts[j] was drawn from ([B, k, 0] greedy)
+    history: jax.Array  # [B, T + N + k] lookup: prompt, then the emitted tokens ([B, 0] for SBD drafts)
+    # [B, N + k, 3]: each output slot's token, pass and whether it corrects a draft (one scatter a pass)
+    record: jax.Array
+    nfe: jax.Array
+    count: jax.Array
+    done: jax.Array
+    drafted: jax.Array
+    accepted: jax.Array
+    lookup_drafted: jax.Array
+    lookup_accepted: jax.Array
+    sbd_uses: jax.Array  # [B] passes that verified drafts from SBD's block (hybrid's choice reads these)
+    lookup_uses: jax.Array  # [B] passes that verified lookup drafts
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiedSBDDecoder(BlockDecoder):
+    """Speculative decoding against the model's own NTP: the output follows NTP's distribution exactly
+    (greedy: NTP's very tokens), whatever proposes the drafts.
+
+    Each forward runs the pending tokens (an exact token and up to k - 1 drafts after it) causally after
+    the cache, so its logits are NTP's predictions for them; drafts are tested against those (greedy:
+    kept while equal; sampling: the speculative ratio test) and the cache keeps exactly the accepted
+    tokens. Every forward verifies, so `nfe <= new tokens`; γ (in `Knobs`) plays no part. `drafts`:
+    - `sbd`: the same forward also runs an all-masked block after the pending tokens; if every draft is
+      accepted, its guesses are the next drafts (after a rejection they guessed past the wrong prefix, and
+      the next forward drafts nothing). The pass is 2k tokens; the model needs a mask token.
+    - `lookup`: the tokens that followed the latest earlier occurrence of the context's last 1-4 tokens
+      (`sbd_jax.decoding.lookup`), after every forward, accepted or not. The pass is the k pending tokens alone and
+      needs no mask token: any causal LM, SBD-trained or not.
+    - `hybrid`: both, per block (2k-token pass): each row keeps the mean number of drafts kept per pass
+      for each source and proposes lookup's drafts where the context has a match, unless SBD's mean is at
+      least lookup's (`sbd_preferred`); then SBD's block where it holds (every draft of the previous block
+      accepted) and, after a rejection, no drafts, so that the next pass's block holds. Where lookup has
+      no match, SBD's block if it holds. Fixed orders each lose where the other source is better: SBD's
+      block first fell to SBD's 1.09 tokens per forward on real text where its drafts are poor, lookup
+      first to 1.47 at block 8 on the small-scale model, where lookup matches almost every block, its
+      drafts are 5% right and SBD's ~100% (`benchmarks/results/lookup_decode_cpu.json`).
+    Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
+    shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
+    """
+
+    drafts: str = "sbd"
+
+    # The sampling branch's accept / resample rule (a class attribute: tests swap in broken variants).
+    speculative_test = staticmethod(speculative_accept)
+
+    @staticmethod
+    def pass_keys(rng: jax.Array, iteration: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """This forward's keys: the accept test's, the next token's and the new drafts' (three streams;
+        tests swap in a variant that reuses one)."""
+        accept_rng, token_rng, draft_rng = jax.random.split(jax.random.fold_in(rng, iteration), 3)
+        return accept_rng, token_rng, draft_rng
+
+    @staticmethod
+    def next_draft_logits(q_logits: jax.Array) -> jax.Array:
+        """`[B, k, V]`: at j, the distribution of the next pass's draft j (pending position j + 1), drawn at
+        block position j + 1 of this pass (tests swap in a variant off by one position)."""
+        return jnp.roll(q_logits, -1, axis=1)
+
+    def __post_init__(self) -> None:
+        check_draft_source(self.drafts)
+        super().__post_init__()
+
+    @property
+    def needs_mask_token(self) -> str | None:
+        if self.drafts == "lookup":
+            return None
+        return (f"drafts {self.drafts!r} (--drafts {self.drafts}) come from the masked block: this model has no "
+                "mask token configured; use --drafts lookup (any model), fine-tune it with train.py (which sets "
+                "one) or pass --mask-token-id")
+
+    @property
+    def output_len(self) -> int:
+        return self.max_new_tokens + self.block_size  # rows advance by what they accept; drafts reach k past
+
+    @property
+    def output_label(self) -> str:
+        return f"max_new_tokens + block size {self.block_size}"
+
+    def verify_pass(self, params: Any, cache: KVCache, pending_BK: jax.Array) -> tuple[jax.Array, NewKV]:
+        """The k pending tokens causally after the cache (lookup drafts: no masked block to run)."""
+        positions = cache.lengths[:, None] + jnp.arange(self.block_size)
+        return Transformer(self.config).apply({"params": params}, pending_BK, positions, cache=cache)
+
+    @functools.partial(jax.jit, static_argnames=("self",))
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+               prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
+        """Decodes until every row hit EOS or `max_new_tokens`.
+
+        Each iteration is one forward over `pending` (an exact token and the drafts after it; with SBD
+        drafts, and a new all-masked block). Its causal logits at pending position j give `p_j`, NTP's
+        distribution of the token after it (tempered / top-p truncated as NTP samples it). Drafts are
+        tested left to right; the first rejected one is replaced, and after the last accepted one (or
+        the replacement) nothing of `pending` is kept. If every draft was accepted, one more token is
+        drawn from `p` after them. It starts the next pending block, whose drafts come from this same
+        pass's masked block (SBD) or from the context (lookup).
+
+        Greedy: a draft is accepted iff it equals argmax `p_j`; the replacement is that argmax.
+        Sampling: at every position, given everything decided before it, draft `d_j` has a known
+        distribution `q_j` and is independent of the test at that position: SBD's `d_j` was drawn from
+        the masked block's distribution at its position, computed from the prefix alone (the whole block
+        masked), independently of the other drafts; lookup's `d_j` is a function of the prefix (q_j a point
+        mass); hybrid's choice between them reads only what was decided before the block. Accept `d_j`
+        with probability min(1, p_j(d_j) / q_j(d_j)); on rejection draw from normalize(max(0, p_j - q_j)).
+        Then P(token = x | past) = q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y), p(y))) (p(x) - q(x))^+ /
+        sum_y (p(y) - q(y))^+ = min(q(x), p(x)) + (p(x) - q(x))^+ = p(x) (Leviathan et al., 2023); for a
+        point mass at d: d is kept with probability p(d), else x != d is drawn from p renormalised without
+        d, so again P(x) = p(x). p_j depends on the past only through the prefix, so the emitted sequence
+        is distributed exactly as NTP sampling's. Drafts revealed over several EB passes would make q_j
+        depend on earlier (even later) drafts and break this; here there are none.
+        `prompt_BT` / `prompt_lens_B`: the right-padded prompts, which lookup searches with the output.
+        """
+        k, batch = self.block_size, last_token_B.shape[0]
+        mask_id = self.config.mask_token_id
+        if self.drafts != "sbd" and prompt_BT is None:
+            raise UserError(f"drafts {self.drafts!r} search the prompt: pass prompt_BT and prompt_lens_B to decode")
+        sampling = self.temperature > 0
+        lookup, masked = self.drafts != "sbd", self.drafts != "lookup"
+        j = jnp.arange(k)
+        rows = jnp.arange(batch)[:, None]
+        vocab = self.config.vocab_size
+
+        def dist(logits: jax.Array) -> jax.Array:  # logits of the distribution tokens are drawn from
+            return sampling_logits(without_token(logits, mask_id), self.temperature, self.top_p)
+
+        def lookup_block(history: jax.Array, count: jax.Array, first: jax.Array) -> tuple[jax.Array, jax.Array]:
+            """[B, k]: `first` then lookup's drafts after it, and how many drafts (room left permitting)."""
+            found, n = lookup_drafts(history, prompt_lens_B + count, k - 1)
+            return jnp.concatenate([first[:, None], found], axis=1), jnp.minimum(n, self.max_new_tokens - count)
+
+        def point_mass(tokens: jax.Array) -> jax.Array:  # [B, k, V] logits of δ at each token
+            return jnp.where(jnp.arange(vocab) == tokens[..., None], 0.0, -jnp.inf)
+
+        def body(s: _VerifyState) -> _VerifyState:
+            live = ~s.done
+            accept_rng, token_rng, draft_rng = self.pass_keys(rng, s.iteration)
+            if masked:
+                pending_logits, block_logits, kv = self.first_pass(
+                    params, s.cache, s.pending, s.pending_count, jnp.full((batch, k), mask_id, jnp.int32),
+                    causal_logits=True)
+            else:
+                pending_logits, kv = self.verify_pass(params, s.cache, s.pending)
+            nfe = s.nfe + live
+            p_logits = dist(pending_logits)  # [B, k, V]: at j, NTP's distribution of the token after j
+            drafts = jnp.concatenate([s.pending[:, 1:], jnp.zeros((batch, 1), jnp.int32)], axis=1)
+            is_draft = j < (s.pending_count - 1)[:, None]  # drafts[j] is pending position j + 1
+            if sampling:
+                accepted, next_token = self.speculative_test(p_logits, s.draft_logits, drafts, is_draft, accept_rng,
+                                                             token_rng)
+            else:
+                exact = greedy_token(p_logits)
+                accepted = leading_true(is_draft & (drafts == exact))
+                next_token = jnp.take_along_axis(exact, accepted[:, None], axis=1)[:, 0]
+            emitted = jnp.where(j < accepted[:, None], drafts, next_token[:, None])
+            kept, ended = kept_through_eos(self._is_eos(emitted) & (j <= accepted[:, None]),
+                                           jnp.where(live, jnp.minimum(accepted + 1, self.max_new_tokens - s.count), 0))
+            slots = s.count[:, None] + j
+            was_corrected = (j == accepted[:, None]) & (accepted < s.pending_count - 1)[:, None]
+            eos_before = j > leading_true(~self._is_eos(drafts))[:, None]
+            count = s.count + kept
+            done = s.done | ended | (count >= self.max_new_tokens)
+            room = jnp.maximum(self.max_new_tokens - count, 0)  # drafts that could still be emitted
+            restart = jnp.zeros((batch, k), jnp.int32).at[:, 0].set(next_token)
+            pending, pending_count = restart, jnp.ones((batch,), jnp.int32)
+            from_lookup = jnp.zeros((batch,), bool)
+            draft_logits = s.draft_logits
+            if masked:
+                # Every draft accepted: this pass's block holds, `next_token` at its first position and drafts
+                # from this pass's block logits after it, as far as max_new_tokens can still reach.
+                whole = (accepted == s.pending_count - 1) & ~done
+                q_logits = dist(block_logits)
+                block = draw(q_logits, draft_rng, self.temperature).at[:, 0].set(next_token)
+                pending = jnp.where(whole[:, None], block, pending)
+                pending_count = jnp.where(whole, 1 + jnp.minimum(k - 1, room), pending_count)
+                if sampling:
+                    draft_logits = self.next_draft_logits(q_logits)
+            drafted_now = jnp.where(live, (is_draft & ~eos_before).sum(axis=1), 0)
+            accepted_now = jnp.where(live, jnp.minimum(accepted, kept), 0)
+            accepted_sum = s.accepted + accepted_now
+            lookup_accepted = s.lookup_accepted + jnp.where(s.from_lookup, accepted_now, 0)
+            verified_drafts = live & (s.pending_count > 1)
+            sbd_uses = s.sbd_uses + (verified_drafts & ~s.from_lookup)
+            lookup_uses = s.lookup_uses + (verified_drafts & s.from_lookup)
+            history = s.history
+            if lookup:
+                history = history.at[rows, (prompt_lens_B + s.count)[:, None] + j].set(emitted, mode="drop")
+                found, n = lookup_block(history, count, next_token)
+                from_lookup = (n > 0) & ~done
+                if masked:  # hybrid: lookup's match unless SBD's drafts have been kept more often
+                    from_lookup &= ~sbd_preferred(accepted_sum - lookup_accepted, sbd_uses, lookup_accepted,
+                                                  lookup_uses)
+                pending = jnp.where(from_lookup[:, None], found, pending)
+                pending_count = jnp.where(from_lookup, 1 + n, pending_count)
+                if sampling:
+                    lookup_q = point_mass(jnp.roll(found, -1, axis=1))
+                    draft_logits = jnp.where(from_lookup[:, None, None], lookup_q, draft_logits)
+            return s.replace(
+                iteration=s.iteration + 1,
+                cache=append(s.cache, kv.k, kv.v, jnp.where(live, accepted + 1, 0)),  # the accepted pending tokens
+                pending=pending, pending_count=pending_count.astype(jnp.int32), from_lookup=from_lookup,
+                draft_logits=draft_logits, history=history,
+                record=s.record.at[rows, slots].set(
+                    jnp.stack([emitted, jnp.broadcast_to(nfe[:, None], emitted.shape), was_corrected], axis=-1),
+                    mode="drop"),
+                nfe=nfe, count=count, done=done, drafted=s.drafted + drafted_now, accepted=accepted_sum,
+                lookup_drafted=s.lookup_drafted + jnp.where(s.from_lookup, drafted_now, 0),
+                lookup_accepted=lookup_accepted, sbd_uses=sbd_uses, lookup_uses=lookup_uses)
+
+        zeros = jnp.zeros((batch,), jnp.int32)
+        width = self.output_len
+        pending = jnp.zeros((batch, k), jnp.int32).at[:, 0].set(last_token_B)
+        pending_count, from_lookup = jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), bool)
+        draft_logits = jnp.zeros((batch, k, vocab if sampling else 0), jnp.float32)  # greedy: no q kept
+        history = jnp.zeros((batch, 0), jnp.int32)
+        if lookup:  # the first forward's drafts come from the prompt
+            history = jnp.concatenate([prompt_BT.astype(jnp.int32), jnp.zeros((batch, width), jnp.int32)], axis=1)
+            found, n = lookup_block(history, zeros, last_token_B)
+            from_lookup = n > 0
+            pending, pending_count = jnp.where(from_lookup[:, None], found, pending), 1 + n
+            if sampling:
+                draft_logits = point_mass(jnp.roll(found, -1, axis=1))
+        init = _VerifyState(iteration=jnp.int32(0), cache=cache, pending=pending,
+                            pending_count=pending_count.astype(jnp.int32), from_lookup=from_lookup,
+                            draft_logits=draft_logits, history=history,
+                            record=jnp.zeros((batch, width, 3), jnp.int32), nfe=zeros, count=zeros,
+                            done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
+                            lookup_accepted=zeros, sbd_uses=zeros, lookup_uses=zeros)
+        final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
+        return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
+                            reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
+                            drafted=final.drafted, accepted=final.accepted, lookup_drafted=final.lookup_drafted,
+                            lookup_accepted=final.lookup_accepted)

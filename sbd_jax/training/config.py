@@ -1,0 +1,244 @@
+"""The training config, typed: frozen dataclasses per section that check their own values.
+
+Config files stay `ml_collections` (`configs/*.py`, `--config.train.steps=50` at the command line); the
+trainer converts one once, with `TrainConfig.from_config_dict`, so a misspelt key, a value of the wrong
+type or an impossible combination is a one-line error before any model is loaded or compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from sbd_jax.data.config import DataConfig
+from sbd_jax.errors import UserError, check_at_least, check_in_range, check_one_of
+from sbd_jax.model.attention import IMPLEMENTATIONS
+from sbd_jax.model.config import ADAPTER_TARGETS, DTYPES, AdapterConfig
+
+REMAT_POLICIES = ("none", "full", "dots")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Where the processes of a multi-host run meet; empty / 0 / -1: detected from the cluster."""
+
+    coordinator_address: str = ""  # host:port of process 0
+    num_processes: int = 0
+    process_id: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """The model to train and how to run it. `remat` and `attention` shape only the training step, so
+    they live here, not in the `ModelConfig` that keys every decoding compile."""
+
+    name: str = ""  # a model to fine-tune: known name, HF directory or .gguf file
+    architecture: dict | None = None  # or random init of these ModelConfig fields
+    tokenizer: str = ""  # with `architecture`: where the tokenizer comes from (name / dir / gguf)
+    dtype: str = "float32"  # compute dtype; master weights and optimizer state stay float32
+    scan_layers: bool = False
+    remat: str = "none"  # none | full | dots
+    attention: str = "auto"  # auto | reference | blockwise | splash (TPU)
+
+    def __post_init__(self) -> None:
+        check_one_of("model.dtype", self.dtype, tuple(DTYPES))
+        check_one_of("model.remat", self.remat, REMAT_POLICIES)
+        check_one_of("model.attention", self.attention, IMPLEMENTATIONS)
+        if not self.name and not self.architecture:
+            raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveConfig:
+    """The loss: SBD's joint NTP + MATP (block size k ~ U{min..max} per step, masking rate ~ U[eta])
+    or the NTP baseline."""
+
+    kind: str = "sbd"  # sbd | ntp
+    block_size_min: int = 2
+    block_size_max: int = 16
+    w_ntp: float = 1.0
+    w_matp: float = 1.0
+    eta_min: float = 0.0
+    eta_max: float = 1.0
+    # What the drafts train on (objective.DraftTraining; 0 = the paper's objective): the share of rows
+    # masked entirely, the MATP weight's decay scale over block positions, the weight of soft targets.
+    full_mask_share: float = 0.0
+    position_decay: float = 0.0
+    soft_target: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_one_of("objective.kind", self.kind, ("sbd", "ntp"))
+        for name in ("full_mask_share", "soft_target"):
+            if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too
+                raise UserError(f"config objective.{name}={getattr(self, name)} must be in [0, 1]")
+        if not 0.0 <= self.position_decay < float("inf"):
+            raise UserError(f"config objective.position_decay={self.position_decay} must be a finite number >= 0 "
+                            "(0 = equal weights)")
+        if self.block_size_min > self.block_size_max:
+            raise UserError(f"config objective.block_size_min={self.block_size_min} > "
+                            f"block_size_max={self.block_size_max}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The `train` section: how long, how big a batch, how often the host looks at metrics."""
+
+    steps: int = 100
+    batch_size: int = 8
+    grad_accum: int = 1
+    log_every: int = 10  # steps between metric fetches (the only host sync; checkpoints fetch too)
+
+    def __post_init__(self) -> None:
+        check_at_least("train.steps", self.steps, 1)
+        check_at_least("train.batch_size", self.batch_size, 1)
+        check_at_least("train.grad_accum", self.grad_accum, 1)
+        check_at_least("train.log_every", self.log_every, 1, "steps between metric fetches")
+        if self.batch_size % self.grad_accum:
+            raise UserError(f"config train.batch_size={self.batch_size} is not divisible by "
+                            f"train.grad_accum={self.grad_accum}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW and its learning-rate schedule (see train_step.make_optimizer)."""
+
+    lr: float = 3e-4
+    warmup_steps: int = 10
+    schedule: str = "cosine"  # cosine (to final_lr_ratio at train.steps) | wsd (warmup-stable-decay)
+    decay_steps: int = 0  # wsd: linear decay to final_lr_ratio over the last decay_steps steps
+    final_lr_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    clip_norm: float = 1.0  # 0: no clipping
+
+    def __post_init__(self) -> None:
+        check_one_of("optimizer.schedule", self.schedule, ("cosine", "wsd"))
+        check_in_range("optimizer.lr", self.lr, 0.0, float("inf"), low_open=True, why="the peak learning rate")
+        check_at_least("optimizer.warmup_steps", self.warmup_steps, 0)
+        check_at_least("optimizer.decay_steps", self.decay_steps, 0)
+        check_in_range("optimizer.final_lr_ratio", self.final_lr_ratio, 0.0, 1.0 + 1e-12, why="of the peak lr")
+        check_in_range("optimizer.b1", self.b1, 0.0, 1.0)
+        check_in_range("optimizer.b2", self.b2, 0.0, 1.0)
+        check_in_range("optimizer.eps", self.eps, 0.0, float("inf"), low_open=True)
+        check_in_range("optimizer.weight_decay", self.weight_decay, 0.0, float("inf"))
+        if not (self.clip_norm > 0 or self.clip_norm == 0):
+            raise UserError(f"config optimizer.clip_norm={self.clip_norm} must be > 0 (or 0: no clipping)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 50
+    keep: int = 3
+    keep_period: int = 0  # > 0: also keep every checkpoint whose step is a multiple of it (milestones)
+    async_save: bool = True
+
+    def __post_init__(self) -> None:
+        check_at_least("checkpoint.every", self.every, 1)
+        check_at_least("checkpoint.keep", self.keep, 1)
+        check_at_least("checkpoint.keep_period", self.keep_period, 0, "0: keep only the last checkpoint.keep")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterSection:
+    """The gated adapter (`sbd_jax.checkpoints.adapter`): rank 0 (the default) fine-tunes every weight as the paper
+    does; rank > 0 freezes the base and trains only a low-rank adapter that acts on block positions."""
+
+    rank: int = 0
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ADAPTER_TARGETS
+
+    def __post_init__(self) -> None:
+        check_at_least("adapter.rank", self.rank, 0, "0 = no adapter: full fine-tuning")
+        AdapterConfig(rank=max(self.rank, 1), alpha=self.alpha, targets=self.targets)  # its checks, even when off
+
+    def model_config(self) -> AdapterConfig | None:
+        return AdapterConfig(rank=self.rank, alpha=self.alpha, targets=self.targets) if self.rank else None
+
+
+SECTIONS = dict(distributed=DistributedConfig, model=ModelSection, data=DataConfig, objective=ObjectiveConfig,
+                train=LoopConfig, optimizer=OptimizerConfig, checkpoint=CheckpointConfig, adapter=AdapterSection)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A whole training run's config; checks what spans sections (the others check themselves)."""
+
+    model: ModelSection
+    data: DataConfig = DataConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    train: LoopConfig = LoopConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    adapter: AdapterSection = AdapterSection()
+    seed: int = 0
+    multihost: bool = False  # True: jax.distributed.initialize() (one process per host)
+    mesh: tuple[int, ...] = (1, -1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
+    export_hf: bool = True  # write workdir/hf (an HF directory with the mask token) at the end
+    # Start from another run's checkpoint (state and data position) when this workdir has none: its
+    # workdir, and the step (0 = its latest). E.g. branch a decay phase off a long WSD run.
+    init_from: str = ""
+    init_step: int = 0
+
+    def __post_init__(self) -> None:
+        from sbd_jax.training.objective import check_objective
+
+        for k in (self.objective.block_size_min, self.objective.block_size_max):
+            check_objective(k, (self.objective.eta_min, self.objective.eta_max), self.data.seq_len)
+        if self.optimizer.decay_steps > self.train.steps:
+            raise UserError(f"config optimizer.decay_steps={self.optimizer.decay_steps} must be in [0, train.steps]")
+
+        if self.adapter.rank and self.objective.kind != "sbd":
+            raise UserError("config adapter.rank > 0 trains SBD's blocks: it needs objective.kind=sbd (an NTP "
+                            "adapter would leave the base model's outputs as they are)")
+        if len(self.mesh) != 3:
+            raise UserError(f"config mesh={self.mesh}: give (data, fsdp, tensor), -1 for the remaining devices")
+        if self.init_from and not os.path.isdir(os.path.join(self.init_from, "checkpoints")):
+            raise UserError(f"config init_from={self.init_from!r} holds no checkpoints/ directory: give another "
+                            "run's workdir")
+
+    @classmethod
+    def from_config_dict(cls, config: Any) -> "TrainConfig":
+        """Converts an `ml_collections.ConfigDict` (or a nested dict) of a config file; unknown keys and
+        values of the wrong type are refused by name."""
+        raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+        sections = {}
+        for name, section in SECTIONS.items():
+            values = raw.pop(name, {}) or {}
+            sections[name] = section(**_typed(section, values, name + "."))
+        return cls(**sections, **_typed(cls, raw, "", skip=SECTIONS))
+
+
+def _typed(cls: type, values: dict, prefix: str, skip: dict | None = None) -> dict:
+    """`values` checked against `cls`'s fields (types taken from their defaults): an int where a float
+    is expected is accepted, a list where a tuple is; anything else names the key and what it wants."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if not skip or f.name not in skip}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise UserError(f"config has no key {prefix}{unknown[0]}; the {prefix.rstrip('.') or 'top'} level has "
+                        f"{', '.join(sorted(fields))}")
+    out = {}
+    for key, value in values.items():
+        default = fields[key].default
+        name = prefix + key
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, float):
+            ok, value = isinstance(value, (int, float)) and not isinstance(value, bool), value
+            value = float(value) if ok else value
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        elif isinstance(default, tuple):
+            ok = isinstance(value, (tuple, list))
+            value = tuple(value) if ok else value
+        else:  # model.architecture: a dict or nothing
+            ok = value is None or isinstance(value, dict)
+        if not ok:
+            raise UserError(f"config {name}={value!r}: expected {type(default).__name__ if default is not None else 'a dict'}")
+        out[key] = value
+    return out
