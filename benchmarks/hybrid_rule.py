@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def real_text_rows(args) -> list[dict]:
-    from benchmarks.lookup_decode import decode_rows, summary, verified
+    from benchmarks.lookup_decode import decode_rows, draft_source_rows
     from recipes.smollm2_sbd.eval import chat
     from sbd_jax.api import load
     from sbd_jax.data.jsonl import iter_jsonl
@@ -34,15 +34,8 @@ def real_text_rows(args) -> list[dict]:
     prompts = [chat(model.tokenizer, row["prompt"]) for _, row in iter_jsonl(valid)][: args.prompts]
     reference = [r.token_ids for r in decode_rows(model, Settings(max_new_tokens=args.max_new), prompts,
                                                   len(prompts))[0]]
-    rows = []
-    for k in (4, 8):
-        for drafts in ("lookup", "hybrid", "sbd"):
-            results, _ = decode_rows(model, verified(drafts, k, args.max_new), prompts, len(prompts))
-            row = {"drafts": drafts, "block_size": k, "prompts": len(prompts), **summary(results),
-                   "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, reference))}
-            rows.append(row)
-            print(row, flush=True)
-    return rows
+    return draft_source_rows(model, prompts, reference, (4, 8), ("lookup", "hybrid", "sbd"), args.max_new,
+                             len(prompts))
 
 
 def main(argv: list[str] | None = None) -> dict:

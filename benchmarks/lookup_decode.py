@@ -104,10 +104,16 @@ def arithmetic_rows(args) -> list[dict]:
 
     prompts = [model.encode(p.question, chat=True) for p in study_splits().valid[: args.arith_problems]]
     reference = [r.token_ids for r in decode_rows(model, Settings(max_new_tokens=72), prompts, 64)[0]]
+    return draft_source_rows(model, prompts, reference, args.block_sizes, ("sbd", "lookup", "hybrid"), 72, 64)
+
+
+def draft_source_rows(model, prompts, reference, block_sizes, sources, max_new_tokens, batch) -> list[dict]:
+    """Verified decoding with each draft source at each block size: tokens per forward, accepted fractions
+    by source, and how many outputs equal `reference` (the model's NTP outputs)."""
     rows = []
-    for k in args.block_sizes:
-        for drafts in ("sbd", "lookup", "hybrid"):
-            results, _ = decode_rows(model, verified(drafts, k, 72), prompts, 64)
+    for k in block_sizes:
+        for drafts in sources:
+            results, _ = decode_rows(model, verified(drafts, k, max_new_tokens), prompts, batch)
             row = {"drafts": drafts, "block_size": k, "prompts": len(prompts), **summary(results),
                    "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, reference))}
             rows.append(row)
