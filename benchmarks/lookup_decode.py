@@ -5,7 +5,7 @@ and wall clock against NTP in one run.
 
 1. The base SmolLM2-135M (no fine-tune, no mask token), lookup drafts, greedy, 256 new tokens, on the
    first `--prompts` held-out test prompts and HumanEval problems of `recipes/smollm2_sbd`: its outputs
-   against the committed base NTP outputs (`recipes/smollm2_sbd/results/cpu/entries.json`) and its
+   against the committed base NTP outputs (`recipes/smollm2_sbd/results/cpu_paper_objective/entries.json`) and its
    tokens per forward against the replay of the same rule on them (`sbd_jax.decoding.lookup.replay_lookup`).
 2. Wall clock at batch 1 and 8 on test prompts: NTP and lookup at blocks 4 / 8 / 16 (decode seconds,
    compile and prefill apart), with time(k)/time(1) of a bare forward beside it.

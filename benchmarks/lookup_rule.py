@@ -23,7 +23,7 @@ import sys
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENTRIES = os.path.join(ROOT, "recipes", "smollm2_sbd", "results", "cpu", "entries.json")
+ENTRIES = os.path.join(ROOT, "recipes", "smollm2_sbd", "results", "cpu_paper_objective", "entries.json")
 DATA = os.path.join(ROOT, "recipes", "smollm2_sbd", "data", "cpu")
 BLOCK_SIZES = (4, 8, 16)
 

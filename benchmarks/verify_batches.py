@@ -3,13 +3,14 @@
     python -m benchmarks.verify_batches                        # the small-scale SBD model, then SmolLM2
     python -m benchmarks.verify_batches --batches 1 8 --skip-smollm2
 
-For each model, batch size (1, 2, 4, 8, 16, 32) and decoder (NTP; verified SBD at blocks 4 / 8 / 16), in
-one run on this machine:
+For each model, batch size (1, 2, 4, 8, 16, 32) and decoder (NTP; verified decoding at blocks 4 / 8 / 16 with
+each draft source of `--drafts`: SBD's block, prompt lookup (no training; a pass of k tokens, not 2k) and
+hybrid), in one run on this machine:
 - decoding tokens/s (prefill apart: both decoders share it) and its ratio to NTP's at the same batch;
-- tokens per forward and seconds per pass (decode seconds / loop iterations: a batch runs until its
+- tokens per forward, the accepted fraction of the drafts (and of lookup's alone) and seconds per pass (decode seconds / loop iterations: a batch runs until its
   slowest row is done, so every iteration is one forward of every row);
 - **pass overhead** = seconds per pass / seconds of the bare model forward of the same tokens (NTP: one
-  token a row; verified SBD: the 2k tokens of its pass: k pending, k masked), with as many cached tokens
+  token a row; verified SBD and hybrid: the 2k tokens of its pass: k pending, k masked; lookup: k), with as many cached tokens
   as the middle of a decode, in a cache as large as the decoder's (attention reads every slot: a smaller
   cache would charge the cache's size to the loop). 1.0 means the loop adds nothing to the model;
 - **ideal** speed-up = tokens per forward x bare(1) / bare(2k), and **efficiency** = measured speed-up /
@@ -17,7 +18,7 @@ one run on this machine:
 - the H100 roofline's prediction of the same speed-up (tokens per forward / its time(2k) / time(1));
 - **the block-size rule** (`sbd_jax.decoding.block_choice`): from the measured tokens per forward at each k
   and the bare forward times at this batch, the k with the highest ideal speed-up (NTP where none
-  beats 1); the table says how far its measured tokens/s is from the best fixed choice's. Beside it
+  beats 1), for SBD's drafts; the table says how far its measured tokens/s is from the best fixed choice's. Beside it
   (`loop_rule_choice`) the same rule fed with the decoding loop's seconds per pass, timed on the
   calibration prompts at this batch: the loop's overhead included, at the cost of decoding them.
 
@@ -42,10 +43,16 @@ from sbd_jax.evaluation.results import write_json
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables):
+def pass_kind(drafts: str) -> str:
+    """The draft source whose pass has the same tokens as `drafts`' (hybrid's pass is SBD's)."""
+    return "lookup" if drafts == "lookup" else "sbd"
+
+
+def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables, drafts="sbd"):
     """All prompts `batch` at a time after a warm-up batch: (generations, decode seconds, loop iterations),
     compile excluded (`executables` holds what earlier calls compiled: repeats compile nothing)."""
-    setting = {"mode": "ntp"} if block_size == 1 else {"mode": "verified", "block_size": block_size}
+    setting = ({"mode": "ntp"} if block_size == 1 else
+               {"mode": "verified", "block_size": block_size, "drafts": drafts})
     run(model, prompts[:batch], setting, max_new_tokens, batch, longest, executables)
     generations, (_, seconds) = run(model, prompts, setting, max_new_tokens, batch, longest, executables)
     iterations = sum(max(g.nfe for g in generations[s: s + batch]) for s in range(0, len(generations), batch))
@@ -53,14 +60,15 @@ def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, execu
 
 
 def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens, repeats, calls,
-            min_prompts) -> dict:
+            min_prompts, others=()) -> dict:
     """Tokens per forward at each block on the `calibration` prompts (what the block-size rule reads), and
-    one row per (batch, decoder) on the first `min_prompts` of `prompts` (rounded up to whole batches);
-    see the module docstring for the columns."""
+    one row per (batch, decoder) on the first `min_prompts` of `prompts` (rounded up to whole batches), with
+    SBD's drafts and each draft source of `others`; see the module docstring for the columns."""
     from sbd_jax.decoding.block_choice import (
         bare_forward_seconds,
         cache_slots,
         choose_block_size,
+        pass_tokens,
         verified_tokens_per_forward,
     )
     from sbd_jax.decoding.generate import Executables
@@ -70,30 +78,40 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
     context = longest + max_new_tokens // 2  # cached tokens in the middle of a decode
     calibrated = verified_tokens_per_forward(model, calibration, blocks, max_new_tokens, batch=len(calibration))
     slots = {k: cache_slots(model.config, prompts, k, max_new_tokens, longest) for k in (1, *blocks)}
-    rows = []
+    rows, sources = [], ("sbd", *others)
     for batch in batches:
         n_prompts = min(-(-min_prompts // batch) * batch, len(prompts) // batch * batch)
-        bare = bare_forward_seconds(model, prompts, blocks, batch, max_new_tokens, calls, pad_to=longest)
+        # sbd and hybrid passes have the same 2k tokens: one timing serves both
+        bare_of = {kind: bare_forward_seconds(model, prompts, blocks, batch, max_new_tokens, calls, pad_to=longest,
+                                              drafts=kind) for kind in {pass_kind(d) for d in sources}}
+        for timed in bare_of.values():  # one timing of NTP's forward for every row's ideal speed-up
+            timed[1] = bare_of["sbd"][1]
         group = []
-        for k in (1, *blocks):
+        for k, drafts in [(1, None)] + [(k, d) for d in sources for k in blocks]:
+            bare = bare_of[pass_kind(drafts or "sbd")]
             executables = Executables(capacity=2)  # this row's prefill and decode, compiled once
-            runs = sorted((decode_all(model, prompts[:n_prompts], k, max_new_tokens, batch, longest, executables)
-                           for _ in range(repeats)), key=lambda r: r[1])
+            runs = sorted((decode_all(model, prompts[:n_prompts], k, max_new_tokens, batch, longest, executables,
+                                      drafts) for _ in range(repeats)), key=lambda r: r[1])
             generations, seconds, iterations = runs[len(runs) // 2]
             tokens, nfe = sum(len(g.token_ids) for g in generations), sum(g.nfe for g in generations)
-            n = 1 if k == 1 else 2 * k
-            group.append({"batch": batch, "block_size": k, "mode": "ntp" if k == 1 else "verified",
+            drafted, lookup_drafted = sum(g.drafted for g in generations), sum(g.lookup_drafted for g in generations)
+            group.append({"batch": batch, "block_size": k, "mode": "ntp" if k == 1 else "verified", "drafts": drafts,
                           "prompts": n_prompts, "tokens": tokens, "tokens_per_second": tokens / seconds,
                           "tokens_per_forward": tokens / nfe, "seconds_per_pass": seconds / iterations,
+                          "accepted_fraction": sum(g.accepted for g in generations) / drafted if drafted else None,
+                          "lookup_accepted_fraction": (sum(g.lookup_accepted for g in generations) / lookup_drafted
+                                                       if lookup_drafted else None),
                           "bare_forward_seconds": bare[k], "cache_slots": slots[k],
                           "pass_overhead": seconds / iterations / bare[k],
                           "ideal_speedup": tokens / nfe * bare[1] / bare[k],
-                          "h100_roofline_speedup": tokens / nfe / slowdown(HARDWARE["h100-bf16"], shape, batch, n,
-                                                                           context)})
+                          "h100_roofline_speedup": tokens / nfe / slowdown(
+                              HARDWARE["h100-bf16"], shape, batch, 1 if k == 1 else pass_tokens(k, drafts), context)})
         ntp = group[0]
         for row in group:
             row["speedup"] = row["tokens_per_second"] / ntp["tokens_per_second"]
             row["efficiency"] = row["speedup"] / row["ideal_speedup"]
+        sbd_rows = [r for r in group if r["drafts"] in (None, "sbd")]  # what the block-size rule chooses among
+        bare = bare_of["sbd"]
         chosen = choose_block_size(calibrated, {k: bare[k] for k in blocks}, bare[1])
         # The same rule fed with the decoding loop's own seconds per pass, timed on the calibration prompts at
         # this batch (the loop's overhead included, which bare forwards do not see): which input predicts better?
@@ -101,15 +119,16 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
                 for k in (1, *blocks)}
         loop_pass = {k: seconds / iterations for k, (_, seconds, iterations) in loop.items()}
         chosen_by_loop = choose_block_size(calibrated, {k: loop_pass[k] for k in blocks}, loop_pass[1])
-        best = max(group, key=lambda r: r["tokens_per_second"])
-        for row in group:
-            row["rule_choice"] = row["block_size"] == chosen
-            row["loop_rule_choice"] = row["block_size"] == chosen_by_loop
+        best = max(sbd_rows, key=lambda r: r["tokens_per_second"])
+        for row in group:  # None: the rule does not choose among other sources' rows
+            row["rule_choice"] = row["block_size"] == chosen if row in sbd_rows else None
+            row["loop_rule_choice"] = row["block_size"] == chosen_by_loop if row in sbd_rows else None
         rows += group
-        share = {c: next(r for r in group if r["block_size"] == c)["tokens_per_second"] / best["tokens_per_second"]
+        share = {c: next(r for r in sbd_rows if r["block_size"] == c)["tokens_per_second"] / best["tokens_per_second"]
                  for c in (chosen, chosen_by_loop)}
         print(f"batch {batch:>2}: " + "  ".join(
-            f"{'NTP' if r['block_size'] == 1 else 'k=' + str(r['block_size'])} {r['tokens_per_second']:.0f} t/s "
+            f"{'NTP' if r['block_size'] == 1 else r['drafts'] + ' k=' + str(r['block_size'])} "
+            f"{r['tokens_per_second']:.0f} t/s "
             f"({r['tokens_per_forward']:.2f}/fwd, overhead {r['pass_overhead']:.2f}, eff {r['efficiency']:.2f})"
             for r in group) + f"; rule picks {chosen}: {share[chosen]:.0%} of the best fixed choice "
               f"({best['block_size']}); from loop timings {chosen_by_loop}: {share[chosen_by_loop]:.0%}", flush=True)
@@ -130,7 +149,7 @@ def arithmetic_part(args) -> dict:
     prompts = [chat_prompt(loaded.tokenizer, p.question) for p in splits.test[: max(args.problems, *args.batches)]]
     calibration = [chat_prompt(loaded.tokenizer, p.question) for p in splits.valid[:32]]
     measured = measure(model, shape_of(loaded.config, "small-scale"), prompts, calibration, args.blocks,
-                       args.batches, STUDY["max_new_tokens"], args.repeats, args.calls, args.problems)
+                       args.batches, STUDY["max_new_tokens"], args.repeats, args.calls, args.problems, args.drafts)
     return {"model": os.path.relpath(args.model, ROOT), "prompts": "held-out arithmetic test problems",
             "calibration": "validation problems", "max_new_tokens": STUDY["max_new_tokens"], **measured}
 
@@ -151,7 +170,7 @@ def smollm2_part(args) -> dict:
     encoded = [encode_prompt(loaded.tokenizer, p, chat=True) for p in PROMPTS]
     prompts = [encoded[i % len(encoded)] for i in range(max(max(args.batches), args.smollm2_prompts))]
     measured = measure(model, MODELS["smollm2-135m"], prompts, encoded, args.blocks, args.batches,
-                       args.smollm2_new_tokens, args.smollm2_repeats, args.calls, args.smollm2_prompts)
+                       args.smollm2_new_tokens, args.smollm2_repeats, args.calls, args.smollm2_prompts, args.drafts)
     trained = loaded.config.mask_token_id is not None and args.smollm2_mask_token_id is None
     return {"model": args.smollm2, "mask_token_id": mask_token_id,
             "prompts": f"benchmarks.decode.PROMPTS, cycled to {len(prompts)}",
@@ -165,6 +184,8 @@ def main() -> None:
     parser.add_argument("--model", default=os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
     parser.add_argument("--blocks", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--drafts", nargs="*", choices=("lookup", "hybrid"), default=["lookup", "hybrid"],
+                        help="draft sources measured beside SBD's block (lookup needs no fine-tune)")
     parser.add_argument("--problems", type=int, default=64,
                         help="arithmetic prompts per (batch, decoder), at least a batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per row (the median is kept)")

@@ -77,15 +77,23 @@ def test_verify_batches_table_is_consistent(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.load(open(out))["arithmetic"]
     rows = result["rows"]
-    assert [(r["batch"], r["block_size"]) for r in rows] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert [(r["batch"], r["block_size"], r["drafts"]) for r in rows] == [
+        (b, k, d) for b in (1, 2) for k, d in ((1, None), (4, "sbd"), (4, "lookup"), (4, "hybrid"))]
+    for r in rows:  # lookup's rows count only lookup drafts; SBD's none
+        if r["drafts"] == "lookup" and r["accepted_fraction"] is not None:
+            assert r["lookup_accepted_fraction"] == r["accepted_fraction"]
+        if r["drafts"] in (None, "sbd"):
+            assert r["lookup_accepted_fraction"] is None
+        else:
+            assert r["rule_choice"] is None and r["loop_rule_choice"] is None
     assert result["calibration_prompts"] == 32 and result["calibration_tokens_per_forward"]["4"] > 1
     for batch in (1, 2):  # each rule picks exactly one decoder per batch
-        assert sum(r["rule_choice"] for r in rows if r["batch"] == batch) == 1
-        assert sum(r["loop_rule_choice"] for r in rows if r["batch"] == batch) == 1
+        assert sum(bool(r["rule_choice"]) for r in rows if r["batch"] == batch) == 1
+        assert sum(bool(r["loop_rule_choice"]) for r in rows if r["batch"] == batch) == 1
     for batch in (1, 2):
         group = [r for r in rows if r["batch"] == batch]
         assert group[0]["speedup"] == 1 and group[0]["tokens_per_forward"] == 1  # NTP: one token a forward
-        assert sum(r["rule_choice"] for r in group) == 1
+        assert sum(bool(r["rule_choice"]) for r in group) == 1
         for r in group:
             assert r["prompts"] == 2 and r["tokens_per_second"] > 0 and r["pass_overhead"] > 0
             # The bare forward runs in a cache as large as the decoder's: the prompt bucket (64) + 72 new

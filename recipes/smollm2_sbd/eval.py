@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
         key = (f"speed@{evaluations.fingerprints['tuned']}|{sorted(partial['chosen_gamma'].items())}|"
                f"{len(splits['test'])}|{args.max_new_tokens}")
         entry = evaluations.cache.get(key, lambda: {"commit": commit(), "rows": speed(
-            load("tuned", args.tuned, False, dtype), partial["chosen_gamma"], splits["test"], args.max_new_tokens)},
+            load("tuned", args.tuned, False, dtype, base=args.base), partial["chosen_gamma"], splits["test"], args.max_new_tokens)},
                                       lambda e: f"wall clock at commit {e['commit']}")
         partial["speed"], partial["speed_commit"] = entry["rows"], entry["commit"]
         report({**partial, "heldout_ntp_loss": loss})

@@ -4,6 +4,8 @@
 #                                                      # tool's cap is 600 s): results in $OUT (if set) and
 #                                                      # recipes/smollm2_sbd/results/gpu/
 #   bash recipes/smollm2_sbd/gpu.sh --smoke            # toy sizes on any machine (the tests run this on CPU)
+#   ... --adapter-rank R | --paper-objective           # run.py's training variants (default: every weight, the
+#                                                      # draft-training experiment's objective)
 # Stages: preflight (~10 s), then the recipe (<= 500 s; its own stages resume from the work folder, so a
 # second call continues where the first stopped). The log is teed into $OUT as it runs (each evaluation
 # row is printed there as one JSON line when done), and whatever result files exist are copied back
@@ -25,15 +27,19 @@ fi
 work=/tmp/sbd_recipe_smollm2
 size=()
 base=(--base smollm2-135m)
+variant=()
 limit=500
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --smoke) size=(--smoke); work=/tmp/sbd_recipe_smollm2_smoke; limit=600; shift ;;
     --base) base=(--base "$2"); shift 2 ;;
+    --adapter-rank) variant+=(--adapter-rank "$2"); shift 2 ;;
+    --paper-objective) variant+=(--paper-objective); shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-dest=recipes/smollm2_sbd/results/gpu
+dest=recipes/smollm2_sbd/results/gpu$([[ " ${variant[*]} " == *" --paper-objective "* ]] && echo _paper_objective)$([[ " ${variant[*]} " == *" --adapter-rank "* ]] && echo _adapter)
+work="$work$(printf '%s' "${variant[@]}" | tr -d ' -')"
 if [[ ${#size[@]} -gt 0 ]]; then dest="$work/returned"; rm -rf "$work"; fi
 mkdir -p "$dest" "$work"
 log="${OUT:-$dest}/recipe_log.txt"
@@ -46,7 +52,7 @@ collect() {  # copy whatever results exist, also after a failure or a timeout
 trap collect EXIT
 
 timeout 60 python3 -m benchmarks.preflight --out "${OUT:-$dest}/recipe_preflight.json" || echo "preflight failed"
-timeout --kill-after=10 "$limit" python3 -m recipes.smollm2_sbd.run --workdir "$work" --results "$dest" "${base[@]}" "${size[@]}"
+timeout --kill-after=10 "$limit" python3 -m recipes.smollm2_sbd.run --workdir "$work" --results "$dest" "${base[@]}" "${size[@]}" "${variant[@]}"
 rc=$?
 echo "recipe: exit $rc$([[ $rc == 124 ]] && echo ' (timed out; rerun to resume)')"
 exit $rc

@@ -1,0 +1,56 @@
+"""The decision experiment's plot: each arm's drafts against the CPU time it trained, beside free lookup drafts.
+
+    python -m experiments.draft_training.plot      # results.json -> results.png, beside this file
+
+Left: verified tokens per forward at block 8 with SBD drafts (the rule's measure) at each measured point,
+x = steps x the arm's own seconds per step. Right: the chance draft 1 is right (block 8, teacher-forced).
+The dashed line is verified decoding with prompt-lookup drafts (no training) on the same 24 validation
+prompts, from `benchmarks/results/hybrid_rule_cpu.json` (measured on the paper arm's last model; lookup
+reads only the model's own NTP output, which every full fine-tune barely moves).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LOOKUP = os.path.join(ROOT, "benchmarks", "results", "hybrid_rule_cpu.json")
+
+
+def lookup_tokens_per_forward(block_size: int) -> float:
+    with open(LOOKUP) as f:
+        rows = json.load(f)["real_text"]
+    return next(r["tokens_per_forward"] for r in rows if r["drafts"] == "lookup" and r["block_size"] == block_size)
+
+
+def plot(results: dict, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, arm in results["arms"].items():
+        minutes = [p["step"] * arm["seconds_per_step"] / 60 for p in arm["points"]]
+        left.plot(minutes, [p["verified_sbd_8"] for p in arm["points"]], marker="o", label=name)
+        right.plot(minutes, [100 * p["acceptance_8"][0] for p in arm["points"]], marker="o", label=name)
+    left.axhline(lookup_tokens_per_forward(8), color="gray", linestyle="--", label="lookup drafts (no training)")
+    left.axhline(1.0, color="black", linewidth=0.5)
+    left.set(xlabel="CPU minutes of training", ylabel="verified tokens per forward, block 8",
+             title="SBD drafts vs free lookup drafts")
+    right.set(xlabel="CPU minutes of training", ylabel="draft 1 right (%)", title="first draft accepted")
+    left.legend(fontsize=8)
+    fig.suptitle(f"SmolLM2-135M, {results['sizes']['valid']} validation prompts, "
+                 f"{results['sizes']['max_new']} new tokens, greedy (commit {results['provenance']['commit']})",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    with open(os.path.join(HERE, "results.json")) as f:
+        plot(json.load(f), os.path.join(HERE, "results.png"))
+    print(f"wrote {os.path.join(HERE, 'results.png')}")
