@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import jax
 
 from sbd_jax.decoding.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
-from sbd_jax.decoding.generate import Executables, Generation, generate
+from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.errors import UserError
 
@@ -37,7 +37,7 @@ class SBDModel:
         self.config, self.tokenizer = config, tokenizer
         self.params = jax.device_put(params)
         self.executables = Executables(capacity)
-        self.last_timing = None
+        self.last_timing: BatchTiming | None = None
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt: raw text, or one user turn through the model's chat template."""

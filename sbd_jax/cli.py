@@ -6,7 +6,7 @@ import sys
 from typing import Callable
 
 
-def run_cli(main: Callable[[list[str]], None], argv: list[str]) -> None:
+def run_cli(main: Callable[[list[str]], object], argv: list[str]) -> None:
     from sbd_jax.errors import UserError
 
     try:

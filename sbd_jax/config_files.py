@@ -14,6 +14,8 @@ def load_config_file(path: str) -> tuple[Any, dict | None]:
     if not os.path.isfile(path):
         raise UserError(f"config file {path} does not exist; use one of configs/*.py")
     spec = importlib.util.spec_from_file_location("config_file", path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"config file {path} is not a Python file; use one of configs/*.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(), getattr(module, "ARCHITECTURE", None)

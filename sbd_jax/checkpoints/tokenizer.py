@@ -39,7 +39,10 @@ def _gguf_tokenizer(path: str) -> Any:
     try:  # transformers >= 5.18
         from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
     except ImportError:  # transformers 4.56 - 5.17 (the oldest pyproject.toml admits; tests/test_dependency_floor.py)
-        from transformers.integrations.ggml import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+        from transformers.integrations.ggml import (  # type: ignore[attr-defined,no-redef]
+            GGUF_TOKENIZER_MAPPING,
+            convert_gguf_tokenizer,
+        )
 
     fields = gguf.GGUFReader(path).fields
 

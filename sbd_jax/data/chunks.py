@@ -116,10 +116,11 @@ class _RecordsIterator(grain.DatasetIterator):
                 self.set_state({"epoch": ended + 1, "next": 0, "open": []})
                 return {"epoch_end": ended}
             turn = min(range(len(self._open)), key=lambda i: self._open[i]["read"])
-            if self._readers[turn] is None:
+            reader = self._readers[turn]
+            if reader is None:
                 cursor = self._open[turn]
-                self._readers[turn] = self._read(self._chunks[cursor["chunk"]], cursor)
-            record = next(self._readers[turn], None)
+                reader = self._readers[turn] = self._read(self._chunks[cursor["chunk"]], cursor)
+            record = next(reader, None)
             if record is not None:
                 return record
             del self._open[turn], self._readers[turn]

@@ -116,7 +116,7 @@ def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
         completion = tokenizer(record["completion"], add_special_tokens=False)["input_ids"] + end
         return Document(prompt + completion, [False] * len(prompt) + [True] * len(completion))
     messages = record["messages"]
-    ids: list[int] = []
+    ids = []
     loss: list[bool] = []
     for turn in range(len(messages)):
         # Render growing prefixes; the new tokens of each prefix belong to that turn.

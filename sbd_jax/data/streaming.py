@@ -77,7 +77,8 @@ class _PackIterator(grain.DatasetIterator):
         self._start = self._parent.get_state()
         self._window += 1
         self._served = 0
-        documents, tokens, empty_epoch = [], 0, False
+        documents: list[Document] = []
+        tokens, empty_epoch = 0, False
         while tokens < self._window_tokens:  # a window never spans two epochs
             try:
                 d = next(self._parent)
@@ -171,7 +172,7 @@ class HostBatches:
     `get_state` / `set_state` speak bytes (JSON of every shard's state), as Grain's Orbax checkpoint
     handler expects of an iterator: it writes one file per host."""
 
-    def __init__(self, streams: dict[int, grain.IterDataset], layout: dict[str, int]):
+    def __init__(self, streams: dict[int, grain.IterDataset], layout: dict[str, object]):
         """`layout`: what a saved position depends on besides the files' content (saved with the state)."""
         self._iterators = {shard: iter(stream) for shard, stream in streams.items()}
         self._layout = layout

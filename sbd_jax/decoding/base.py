@@ -27,13 +27,12 @@ from sbd_jax.decoding.token_choice import PROXIES, choose_tokens, without_token
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import KVCache, append, init_cache
-from sbd_jax.model.transformer import Transformer
+from sbd_jax.model.transformer import Transformer, forward
 
 DEFAULT_GAMMA = 0.35  # the SBD paper's entropy budget for chat models
 
 
-@struct.dataclass
-class DecodeOutput:
+class DecodeOutput(struct.PyTreeNode):
     """What a decode loop returns (a pytree: read it by name)."""
 
     tokens: jax.Array  # [B, N] generated ids; only the first num_tokens[b] are meaningful
@@ -98,8 +97,7 @@ def check_gamma(gamma: float) -> None:
         raise UserError(f"gamma={gamma!r} must be a number >= 0 (0 reveals one token per pass)")
 
 
-@struct.dataclass
-class Knobs:
+class Knobs(struct.PyTreeNode):
     """Settings traced into `decode`: a new value never recompiles."""
 
     gamma: jax.Array  # SBD's entropy budget per pass; NTP and verified SBD ignore it
@@ -132,6 +130,12 @@ class Decoder:
     def output_label(self) -> str:
         return "max_new_tokens"
 
+    @functools.partial(jax.jit, static_argnames=("self",))
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+               prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
+        """Generates after `prefill` until every row hit EOS or its budget: each mode's own loop."""
+        raise NotImplementedError(f"{type(self).__name__} defines no decoding loop")
+
     @functools.partial(jax.jit, static_argnames=("self", "capacity"))
     def prefill(self, params: Any, prompt_BT: jax.Array, prompt_lens_B: jax.Array,
                 capacity: int) -> tuple[KVCache, jax.Array]:
@@ -141,7 +145,7 @@ class Decoder:
         """
         batch, prompt_len = prompt_BT.shape
         positions = jnp.broadcast_to(jnp.arange(prompt_len), (batch, prompt_len))
-        _, kv = Transformer(self.config).apply({"params": params}, prompt_BT, positions, compute_logits=False)
+        _, kv = forward(Transformer(self.config), params, prompt_BT, positions, compute_logits=False)
         # Pad slots are written too but stay beyond each row's length: never read, later overwritten.
         cache = append(init_cache(self.config, batch, capacity), kv.k, kv.v, prompt_lens_B - 1)
         return cache, jnp.take_along_axis(prompt_BT, (prompt_lens_B - 1)[:, None], axis=1)[:, 0]
@@ -150,8 +154,7 @@ class Decoder:
         return jnp.isin(tokens, jnp.asarray(self.eos_ids or (-1,), jnp.int32))
 
 
-@struct.dataclass
-class _NTPState:
+class _NTPState(struct.PyTreeNode):
     step: jax.Array
     cache: KVCache
     last: jax.Array  # [B] the token fed next
@@ -173,7 +176,7 @@ class NTPDecoder(Decoder):
         batch = last_token_B.shape[0]
 
         def body(s: _NTPState) -> _NTPState:
-            logits, kv = model.apply({"params": params}, s.last[:, None], s.cache.lengths[:, None], cache=s.cache)
+            logits, kv = forward(model, params, s.last[:, None], s.cache.lengths[:, None], cache=s.cache)
             token = choose_tokens(without_token(logits[:, -1], self.config.mask_token_id),
                                   jax.random.fold_in(rng, s.step), self.temperature, self.top_p)
             token = jnp.where(s.done, 0, token)

@@ -59,8 +59,8 @@ def lookup_drafts(history_BW: jax.Array, length_B: jax.Array, num_drafts: int, m
     found = best_end >= 0
     period = length_B - 1 - best_end  # tokens from the match's end to the last one: all of its continuation
     count = jnp.where(found, num_drafts if extend else jnp.minimum(num_drafts, period), 0)
-    m = jnp.arange(num_drafts)
-    offset = m % jnp.maximum(period, 1)[:, None] if extend else m
+    j = jnp.arange(num_drafts)
+    offset = j % jnp.maximum(period, 1)[:, None] if extend else j
     taken = jnp.clip(best_end[:, None] + 1 + offset, 0, width - 1)
     drafts = jnp.where(jnp.arange(num_drafts) < count[:, None], jnp.take_along_axis(history_BW, taken, axis=1), 0)
     return drafts.astype(jnp.int32), count.astype(jnp.int32)

@@ -16,7 +16,7 @@ from sbd_jax.decoding.token_choice import draw, eb_reveal, sampling_logits, unce
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
 from sbd_jax.model.kv_cache import KVCache, append
-from sbd_jax.model.transformer import NewKV, Transformer, output_kernel, vocab_logits
+from sbd_jax.model.transformer import NewKV, Transformer, forward, output_kernel, vocab_logits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,24 +58,22 @@ class BlockDecoder(Decoder):
             jnp.concatenate([causal, jnp.zeros_like(causal)], axis=2),  # committed tokens never see the block
             jnp.concatenate([sees_pending, jnp.ones_like(causal)], axis=2),
         ], axis=1)
-        hidden, kv = Transformer(self.config, gate_from=k).apply(  # an adapter acts on the block alone
-            {"params": params}, jnp.concatenate([pending_BK, block_BK], axis=1),
+        hidden, kv = forward(  # an adapter acts on the block alone
+            Transformer(self.config, gate_from=k), params, jnp.concatenate([pending_BK, block_BK], axis=1),
             jnp.concatenate([pending_pos, block_pos], axis=1), mask=mask, cache=cache, compute_logits=False)
         logits = vocab_logits(hidden if causal_logits else hidden[:, k:], output_kernel(params, self.config))
         pending_logits = logits[:, :k] if causal_logits else None
         return pending_logits, logits[:, -k:], NewKV(kv.k[:, :, :k], kv.v[:, :, :k])
 
 
-@struct.dataclass
-class _FillState:
+class _FillState(struct.PyTreeNode):
     block: jax.Array  # [B, k]
     nfe: jax.Array  # [B]
     passes: jax.Array  # [B, k] the pass that revealed each position
     n: jax.Array  # passes of this block so far
 
 
-@struct.dataclass
-class _BlockState:
+class _BlockState(struct.PyTreeNode):
     index: jax.Array  # blocks done
     cache: KVCache
     pending: jax.Array  # [B, k] the finished block, committed by the next first pass
@@ -118,8 +116,8 @@ class SBDDecoder(BlockDecoder):
         """A later pass over the partly revealed block; the cache is only read."""
         k = self.block_size
         positions = cache.lengths[:, None] + jnp.arange(k)
-        logits, _ = Transformer(self.config, gate_from=0).apply({"params": params}, block_BK, positions,
-                                                   mask=masks.bidirectional(k), cache=cache)
+        logits, _ = forward(Transformer(self.config, gate_from=0), params, block_BK, positions,
+                            mask=masks.bidirectional(k), cache=cache)
         return logits
 
     def fill_block(self, params: Any, cache: KVCache, block: jax.Array, logits: jax.Array, live: jax.Array,
@@ -157,6 +155,7 @@ class SBDDecoder(BlockDecoder):
         """Decodes block after block until every row hit EOS or `max_new_tokens` (the prompt is unused)."""
         k, batch = self.block_size, last_token_B.shape[0]
         mask_id = self.config.mask_token_id
+        assert mask_id is not None  # __post_init__ refused a config without one
 
         def block_body(s: _BlockState) -> _BlockState:
             offset = s.index * k

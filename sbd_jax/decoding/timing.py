@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
 from sbd_jax.model.kv_cache import init_cache
-from sbd_jax.model.transformer import Transformer
+from sbd_jax.model.transformer import Transformer, forward
 
 
 def forward_seconds(model: Any, batch: int, n: int, context: int, calls: int, inner: int = 8,
@@ -36,8 +36,8 @@ def forward_seconds(model: Any, batch: int, n: int, context: int, calls: int, in
     def forwards(params: Any, cache: Any) -> jax.Array:
         def one(_: int, total: jax.Array) -> jax.Array:
             tokens = jnp.zeros((batch, n), jnp.int32) + (total > jnp.inf)  # depends on the loop: not hoisted
-            logits = Transformer(model.config).apply({"params": params}, tokens, positions,
-                                                     mask=masks.bidirectional(n), cache=cache)[0]
+            logits = forward(Transformer(model.config), params, tokens, positions,
+                             mask=masks.bidirectional(n), cache=cache)[0]
             return total + logits.sum()  # every logit is used, as decoding reads them all
 
         return jax.lax.fori_loop(0, inner, one, jnp.float32(0))

@@ -24,7 +24,7 @@ from sbd_jax.decoding.token_choice import (
 )
 from sbd_jax.errors import UserError
 from sbd_jax.model.kv_cache import KVCache, append
-from sbd_jax.model.transformer import NewKV, Transformer
+from sbd_jax.model.transformer import NewKV, Transformer, forward
 
 DRAFT_SOURCES = ("sbd", "lookup", "hybrid")
 
@@ -43,8 +43,7 @@ def sbd_preferred(sbd_accepted: jax.Array, sbd_uses: jax.Array, lookup_accepted:
     return (sbd_accepted + 1) * (lookup_uses + 1) >= (lookup_accepted + 1) * (sbd_uses + 1)
 
 
-@struct.dataclass
-class _VerifyState:
+class _VerifyState(struct.PyTreeNode):
     iteration: jax.Array
     cache: KVCache
     pending: jax.Array  # [B, k] an exact token, then the drafts it is followed by
@@ -133,7 +132,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     def verify_pass(self, params: Any, cache: KVCache, pending_BK: jax.Array) -> tuple[jax.Array, NewKV]:
         """The k pending tokens causally after the cache (lookup drafts: no masked block to run)."""
         positions = cache.lengths[:, None] + jnp.arange(self.block_size)
-        return Transformer(self.config).apply({"params": params}, pending_BK, positions, cache=cache)
+        return forward(Transformer(self.config), params, pending_BK, positions, cache=cache)
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
@@ -165,10 +164,11 @@ class VerifiedSBDDecoder(BlockDecoder):
         """
         k, batch = self.block_size, last_token_B.shape[0]
         mask_id = self.config.mask_token_id
-        if self.drafts != "sbd" and prompt_BT is None:
-            raise UserError(f"drafts {self.drafts!r} search the prompt: pass prompt_BT and prompt_lens_B to decode")
         sampling = self.temperature > 0
         lookup, masked = self.drafts != "sbd", self.drafts != "lookup"
+        if lookup and (prompt_BT is None or prompt_lens_B is None):
+            raise UserError(f"drafts {self.drafts!r} search the prompt: pass prompt_BT and prompt_lens_B to decode")
+        lens_B = jnp.zeros((batch,), jnp.int32) if prompt_lens_B is None else prompt_lens_B
         j = jnp.arange(k)
         rows = jnp.arange(batch)[:, None]
         vocab = self.config.vocab_size
@@ -178,7 +178,7 @@ class VerifiedSBDDecoder(BlockDecoder):
 
         def lookup_block(history: jax.Array, count: jax.Array, first: jax.Array) -> tuple[jax.Array, jax.Array]:
             """[B, k]: `first` then lookup's drafts after it, and how many drafts (room left permitting)."""
-            found, n = lookup_drafts(history, prompt_lens_B + count, k - 1)
+            found, n = lookup_drafts(history, lens_B + count, k - 1)
             return jnp.concatenate([first[:, None], found], axis=1), jnp.minimum(n, self.max_new_tokens - count)
 
         def point_mass(tokens: jax.Array) -> jax.Array:  # [B, k, V] logits of δ at each token
@@ -188,9 +188,11 @@ class VerifiedSBDDecoder(BlockDecoder):
             live = ~s.done
             accept_rng, token_rng, draft_rng = self.pass_keys(rng, s.iteration)
             if masked:
+                assert mask_id is not None  # __post_init__ refused a config without one
                 pending_logits, block_logits, kv = self.first_pass(
                     params, s.cache, s.pending, s.pending_count, jnp.full((batch, k), mask_id, jnp.int32),
                     causal_logits=True)
+                assert pending_logits is not None  # causal_logits=True returns them
             else:
                 pending_logits, kv = self.verify_pass(params, s.cache, s.pending)
             nfe = s.nfe + live
@@ -236,7 +238,7 @@ class VerifiedSBDDecoder(BlockDecoder):
             lookup_uses = s.lookup_uses + (verified_drafts & s.from_lookup)
             history = s.history
             if lookup:
-                history = history.at[rows, (prompt_lens_B + s.count)[:, None] + j].set(emitted, mode="drop")
+                history = history.at[rows, (lens_B + s.count)[:, None] + j].set(emitted, mode="drop")
                 found, n = lookup_block(history, count, next_token)
                 from_lookup = (n > 0) & ~done
                 if masked:  # hybrid: lookup's match unless SBD's drafts have been kept more often
@@ -265,7 +267,7 @@ class VerifiedSBDDecoder(BlockDecoder):
         pending_count, from_lookup = jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), bool)
         draft_logits = jnp.zeros((batch, k, vocab if sampling else 0), jnp.float32)  # greedy: no q kept
         history = jnp.zeros((batch, 0), jnp.int32)
-        if lookup:  # the first forward's drafts come from the prompt
+        if prompt_BT is not None and lookup:  # the first forward's drafts come from the prompt
             history = jnp.concatenate([prompt_BT.astype(jnp.int32), jnp.zeros((batch, width), jnp.int32)], axis=1)
             found, n = lookup_block(history, zeros, last_token_B)
             from_lookup = n > 0

@@ -107,10 +107,10 @@ def _splash(q_BTNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask: SBDTr
     if platform == "gpu":
         raise UserError("attention='splash' is a TPU kernel (on GPU it would run in Pallas's slow interpreter); "
                         "use attention='blockwise' or 'auto'")
-    if head_dim % 128 or _tile_for(mask.seq_len) is None:
+    tile = _tile_for(mask.seq_len)
+    if head_dim % 128 or tile is None:
         raise UserError(f"attention='splash' needs head_dim % 128 == 0 and data.seq_len a multiple of 128 "
                         f"(got head_dim={head_dim}, seq_len={mask.seq_len}); use attention='auto'")
-    tile = _tile_for(mask.seq_len)
     if mesh is None or mesh.size == 1:
         return splash.splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile, interpret=platform != "tpu")
     return splash.sharded_splash_sbd_attention(q_BTNH, k_BSKH, v_BSKH, mask, tile, mesh, interpret=platform != "tpu")

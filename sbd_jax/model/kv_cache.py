@@ -9,8 +9,7 @@ from flax import struct
 from sbd_jax.model.config import ModelConfig
 
 
-@struct.dataclass
-class KVCache:
+class KVCache(struct.PyTreeNode):
     """Keys/values of all layers, `[layers, B, S, kv_heads, head_dim]`; row b holds `lengths[b]` valid slots.
 
     Slot s of row b holds the token at position s of that row's sequence. Slots at or beyond

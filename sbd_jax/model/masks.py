@@ -56,8 +56,7 @@ def _block_of(position: Any, block_size: Any) -> Any:
     return jax.lax.div(position, jnp.broadcast_to(jnp.asarray(block_size, position.dtype), position.shape))
 
 
-@struct.dataclass
-class SBDTrainingMask:
+class SBDTrainingMask(struct.PyTreeNode):
     """The SBD training mask, kept symbolic so attention kernels can skip tiles it rules out.
 
     `segment_ids` `[B, 2L]` (the clean half's ids repeated for the noisy half) additionally keep packed

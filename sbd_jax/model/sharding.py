@@ -66,9 +66,9 @@ def logical_axes(path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
     module, leaf = (("",) + tuple(path))[-2:]
     if module.endswith("_lora") and module[:-len("_lora")] in _PARAM_AXES:  # A [in, rank], B [rank, out]
         into, out = _PARAM_AXES[module[:-len("_lora")]]
-        names = (into, "rank") if leaf == "a" else ("rank", out)
+        names: tuple[str | None, ...] = (into, "rank") if leaf == "a" else ("rank", out)
     elif leaf in ("kernel", "embedding") and module in _PARAM_AXES:
-        names: tuple[str | None, ...] = _PARAM_AXES[module]
+        names = _PARAM_AXES[module]
     elif leaf == "bias" and module in _PARAM_AXES:
         names = (_PARAM_AXES[module][-1],)
     else:

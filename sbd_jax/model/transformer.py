@@ -12,7 +12,7 @@ read the adapter's own mask-token embedding; the tokens before it are computed e
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import flax.linen as nn
 import jax
@@ -62,6 +62,7 @@ class LowRank(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg, adapter = self.config, self.config.adapter
+        assert adapter is not None, "LowRank is built only where the config has an adapter"
         a = self.param("a", nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"), (x.shape[-1], adapter.rank),
                        cfg.weights_dtype)
         b = self.param("b", nn.initializers.zeros, (adapter.rank, self.features), cfg.weights_dtype)
@@ -191,8 +192,9 @@ class Transformer(nn.Module):
         x = embed(tokens_BT)
         gate = self.gate_from if cfg.adapter is not None else None
         if gate is not None:  # the block's mask tokens read the adapter's embedding of the mask token
+            assert cfg.mask_token_id is not None, "an adapter acts on blocks of mask tokens: the config names one"
             own = self.param("adapter_mask_embedding", _init, (cfg.hidden_size,), cfg.weights_dtype)
-            is_mask = (tokens_BT[:, gate:] == cfg.mask_token_id)[..., None]
+            is_mask = jnp.equal(tokens_BT[:, gate:], cfg.mask_token_id)[..., None]
             x = x.at[:, gate:].set(jnp.where(is_mask, own.astype(x.dtype), x[:, gate:]))
         if cache is not None and cache_mask is None:
             cache_mask = valid_slots(cache)
@@ -225,6 +227,12 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             return vocab_logits(x, embed.embedding.T), NewKV(k_new, v_new)
         return LMHead(cfg, name="lm_head")(x), NewKV(k_new, v_new)
+
+
+def forward(model: Transformer, params: Any, *args: Any, **kwargs: Any) -> tuple[jax.Array, NewKV]:
+    """`model.apply` on `params`: (logits, or hidden states with `compute_logits=False`; the new tokens' KV).
+    The one place that names what flax's `apply` types only as a union."""
+    return cast(tuple[jax.Array, NewKV], model.apply({"params": params}, *args, **kwargs))
 
 
 def _after_cache_reads(x_BTD: jax.Array, k_new: jax.Array, v_new: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
 from sbd_jax.model.masks import SBDTrainingMask
-from sbd_jax.model.transformer import Transformer, output_kernel, vocab_logits
+from sbd_jax.model.transformer import Transformer, forward, output_kernel, vocab_logits
 
 
 class DraftTraining(NamedTuple):
@@ -154,7 +154,7 @@ def sbd_loss(
     seq_len = tokens.shape[1]
     layout, masked, (inputs, positions, attn) = _noised(batch, rng, block_size, mask_id, eta_range, end_ids,
                                                         block_sizes, drafts)
-    hidden, _ = model.apply({"params": params}, inputs, positions, mask=attn, compute_logits=False)
+    hidden, _ = forward(model, params, inputs, positions, mask=attn, compute_logits=False)
     kernel = output_kernel(params, model.config)
     # One chunked CE pass: clean position t targets token t+1, noisy position i targets token i.
     targets = jnp.concatenate([tokens[:, 1:], tokens[:, :1], layout.tokens], axis=1)
@@ -198,12 +198,12 @@ def adapter_sbd_loss(
     layout, masked, (inputs, positions, attn) = _noised(batch, rng, block_size, mask_id, eta_range, end_ids,
                                                         block_sizes, drafts)
     clean, noisy = jnp.arange(seq_len), seq_len + jnp.arange(seq_len)
-    clean_hidden, clean_kv = jax.lax.stop_gradient(model.apply(
-        {"params": base}, batch.tokens, batch.positions, mask=attn.allowed(clean, clean), compute_logits=False))
+    clean_hidden, clean_kv = jax.lax.stop_gradient(forward(
+        model, base, batch.tokens, batch.positions, mask=attn.allowed(clean, clean), compute_logits=False))
     cache = KVCache(clean_kv.k, clean_kv.v, jnp.full((batch.tokens.shape[0],), seq_len, jnp.int32))
     params = merge(base, adapter)
-    hidden, _ = model.clone(gate_from=0).apply(
-        {"params": params}, inputs[:, seq_len:], positions[:, seq_len:], mask=attn.allowed(noisy, noisy),
+    hidden, _ = forward(
+        model.clone(gate_from=0), params, inputs[:, seq_len:], positions[:, seq_len:], mask=attn.allowed(noisy, noisy),
         cache=cache, cache_mask=attn.allowed(noisy, clean), compute_logits=False)
     kernel = output_kernel(params, model.config)
     ce = token_cross_entropy(hidden, kernel, layout.tokens)
@@ -270,7 +270,7 @@ def ntp_loss(params: Any, model: Transformer, batch: Batch) -> tuple[jax.Array, 
     """Plain next-token loss on `[B, L]` (causal within documents): the NTP-only baseline."""
     seg = batch.segment_ids
     mask = masks.causal(seg.shape[1])[None] & masks.same_segment(seg)
-    hidden, _ = model.apply({"params": params}, batch.tokens, batch.positions, mask=mask, compute_logits=False)
+    hidden, _ = forward(model, params, batch.tokens, batch.positions, mask=mask, compute_logits=False)
     ce = token_cross_entropy(hidden[:, :-1], output_kernel(params, model.config), batch.tokens[:, 1:])
     weight = _next_token_weight(batch)
     count = weight.sum()

@@ -148,9 +148,9 @@ def jitted_train_step(cfg: TrainConfig, model: Transformer, tx: optax.GradientTr
     compile. An adapter run (`frozen_shardings` given) also takes the frozen base weights."""
     step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                              spec=ObjectiveSpec.from_config(cfg, model.config))
-    batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
+    batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)  # type: ignore[arg-type]  # the batch's shardings
     replicated = sharding.replicated(mesh)
-    shardings = (state_shardings, batch_sh, replicated, replicated)
+    shardings: tuple[Any, ...] = (state_shardings, batch_sh, replicated, replicated)
     if frozen_shardings is not None:
         shardings += (frozen_shardings,)
     return jax.jit(step, in_shardings=shardings, out_shardings=(state_shardings, replicated), donate_argnums=(0,))

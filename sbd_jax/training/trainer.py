@@ -117,6 +117,7 @@ class Trainer:
             loaded = load_model(m.name, **run_options(m))
             return loaded.config, loaded.params, loaded.tokenizer
         tokenizer = load_tokenizer(resolve(m.tokenizer))
+        assert m.architecture is not None  # ModelSection requires a name or an architecture
         config = architecture_config(m, m.architecture, tokenizer)
         return config, jax.device_get(init_params(config, self.cfg.seed)), tokenizer
 
@@ -231,6 +232,5 @@ def _initialize_distributed(d: DistributedConfig) -> None:
     """Joins the job's other processes; what the config leaves unset is detected from the cluster."""
     # CPU hosts need a collectives library for cross-process arrays; GPU and TPU runs are unaffected.
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    given = dict(coordinator_address=d.coordinator_address or None, num_processes=d.num_processes or None,
-                 process_id=d.process_id if d.process_id >= 0 else None)
-    jax.distributed.initialize(**{name: value for name, value in given.items() if value is not None})
+    jax.distributed.initialize(coordinator_address=d.coordinator_address or None, num_processes=d.num_processes or None,
+                               process_id=d.process_id if d.process_id >= 0 else None)

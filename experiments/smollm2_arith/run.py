@@ -1,8 +1,8 @@
 """A real pretrained model turned into an SBD model on a CPU: SmolLM2-135M-Instruct on worked-step addition.
 
-    python -m recipes.smollm2_arith.run --workdir runs/smollm2_arith      # about 2 h on a 2-core CPU (resumable)
-    python -m recipes.smollm2_arith.run --workdir runs/smollm2_arith --train-only
-    python -m recipes.smollm2_arith.run --workdir /tmp/smoke --smoke --base DIR   # toy sizes (the tests)
+    python -m experiments.smollm2_arith.run --workdir runs/smollm2_arith      # about 2 h on a 2-core CPU (resumable)
+    python -m experiments.smollm2_arith.run --workdir runs/smollm2_arith --train-only
+    python -m experiments.smollm2_arith.run --workdir /tmp/smoke --smoke --base DIR   # toy sizes (the tests)
 
 Stage 1 fine-tunes the base model with next-token loss on the addition task of
 sbd_jax/evaluation/arithmetic.py; stage 2 fine-tunes stage 1 with the SBD objective (the
@@ -217,7 +217,7 @@ def main() -> None:
 
     import jax
 
-    from recipes.smollm2_arith.report import write_report
+    from experiments.smollm2_arith.report import write_report
 
     models = {"base": load("base", args.base, True), **{n: load(n, s["hf"], True) for n, s in stages.items()}}
     evaluations = Evaluations(os.path.join(args.workdir, "entries.json"), sizes, data)
@@ -225,7 +225,7 @@ def main() -> None:
     del models
     entries += speed(load("stage2", stages["stage2"]["hf"], False), entries, sizes, data["test"])
     results = {
-        "command": "python -m recipes.smollm2_arith.run --workdir runs/smollm2_arith" + (" --smoke" if args.smoke else ""),
+        "command": "python -m experiments.smollm2_arith.run --workdir runs/smollm2_arith" + (" --smoke" if args.smoke else ""),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
                     "jax": jax.__version__, "device": str(jax.devices()[0])},
         "sizes": {k: list(v) if isinstance(v, tuple) else v for k, v in sizes.items()},
