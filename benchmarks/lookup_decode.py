@@ -98,13 +98,14 @@ def base_model_rows(args) -> dict:
 def arithmetic_rows(args) -> list[dict]:
     from sbd_jax.api import load
     from sbd_jax.decoding.settings import Settings
+    from sbd_jax.decoding.verified import DRAFT_SOURCES
+    from sbd_jax.evaluation.arithmetic import study_splits
 
     model = load(os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
-    from sbd_jax.evaluation.arithmetic import study_splits
 
     prompts = [model.encode(p.question, chat=True) for p in study_splits().valid[: args.arith_problems]]
     reference = [r.token_ids for r in decode_rows(model, Settings(max_new_tokens=72), prompts, 64)[0]]
-    return draft_source_rows(model, prompts, reference, args.block_sizes, ("sbd", "lookup", "hybrid"), 72, 64)
+    return draft_source_rows(model, prompts, reference, args.block_sizes, DRAFT_SOURCES, 72, 64)
 
 
 def draft_source_rows(model, prompts, reference, block_sizes, sources, max_new_tokens, batch) -> list[dict]:

@@ -63,10 +63,10 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     import jax.numpy as jnp
     import numpy as np
 
+    from sbd_jax.data.packing import Batch
     from sbd_jax.model.config import AdapterConfig
     from sbd_jax.model.transformer import Transformer, init_params
     from sbd_jax.training.config import OptimizerConfig
-    from sbd_jax.training.objective import Batch
     from sbd_jax.training.step import ObjectiveSpec, TrainState, make_optimizer, train_step
 
     config = config.replace(mask_token_id=config.vocab_size - 1)

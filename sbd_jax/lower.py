@@ -81,9 +81,9 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     import jax
     import jax.numpy as jnp
 
+    from sbd_jax.data.packing import Batch
     from sbd_jax.model import sharding
     from sbd_jax.model.transformer import Transformer, init_params
-    from sbd_jax.training.objective import Batch
     from sbd_jax.training.step import TrainState, jitted_train_step, make_optimizer
 
     cfg = _one_micro_batch(cfg)
@@ -95,15 +95,14 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
         config = config.replace(adapter=cfg.adapter.model_config())
         params = jax.eval_shape(lambda key: adapter_tree(config, key), jax.random.key(0))
     opt_state = jax.eval_shape(tx.init, params)
-    # The state's and the batch's pytrees, of shapes and of shardings (their fields are typed as arrays).
+    # The state's pytree of shapes and of shardings (its fields are typed as arrays).
     shapes = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)  # type: ignore[arg-type]
     shardings = TrainState(sharding.replicated(mesh), sharding.param_shardings(params, mesh),  # type: ignore[arg-type]
                            sharding.param_shardings(opt_state, mesh))
     state = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
     rows = (cfg.train.batch_size, cfg.data.seq_len)
     batch_sh = sharding.batch_sharding(mesh)
-    batch = Batch(*[jax.ShapeDtypeStruct(rows, d, sharding=batch_sh)  # type: ignore[arg-type]
-                    for d in (jnp.int32,) * 3 + (jnp.bool_,)])
+    batch = Batch(*[jax.ShapeDtypeStruct(rows, d, sharding=batch_sh) for d in (jnp.int32,) * 3 + (jnp.bool_,)])
     replicated = sharding.replicated(mesh)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)

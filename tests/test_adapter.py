@@ -12,13 +12,14 @@ import pytest
 
 from sbd_jax.api import SBDModel, load
 from sbd_jax.checkpoints import adapter as ad
+from sbd_jax.data.packing import Batch
 from sbd_jax.decoding.base import NTPDecoder
 from sbd_jax.decoding.generate import generate
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import AdapterConfig, ModelConfig
 from sbd_jax.model.transformer import Transformer, init_params
-from sbd_jax.training.objective import Batch, adapter_sbd_loss, sbd_loss
+from sbd_jax.training.objective import adapter_sbd_loss, sbd_loss
 
 MASK = 63
 BASE = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,

@@ -5,13 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sbd_jax.data.packing import Batch
 from sbd_jax.decoding.sbd import SBDDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import append, init_cache
 from sbd_jax.model.transformer import Transformer, init_params
 from sbd_jax.training.objective import (
-    Batch,
     check_objective,
     noise,
     noisy_layout,

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from sbd_jax.data.packing import Batch
 from sbd_jax.errors import UserError
 from sbd_jax.model import sharding
 from sbd_jax.model.transformer import Transformer, init_params
 from sbd_jax.training.config import OptimizerConfig
-from sbd_jax.training.objective import Batch
 from sbd_jax.training.step import ObjectiveSpec, TrainState, make_optimizer, train_step
 from tests.test_objective import CFG
 

@@ -16,7 +16,7 @@ from sbd_jax.data.chunks import (
     plan_chunks,
 )
 from sbd_jax.data.config import DataConfig
-from sbd_jax.data.packing import Packed, read_records
+from sbd_jax.data.packing import Batch, read_records
 from sbd_jax.errors import UserError
 from tests.test_data import char_tokenizer
 
@@ -83,7 +83,7 @@ def take(iterator, n):
 def assert_same(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b):
-        for name in Packed._fields:
+        for name in Batch._fields:
             np.testing.assert_array_equal(x[name], y[name])
 
 
@@ -94,7 +94,7 @@ def test_one_host_reading_two_shards_sees_what_two_hosts_see_together(tmp_path):
     hosts = [take(batches(files, tok, host=h, hosts=2), 12) for h in range(2)]
     for whole, first, second in zip(alone, *hosts):
         assert whole["tokens"].shape == (4, 64) and first["tokens"].shape == (2, 64)
-        assert_same([whole], [{name: np.concatenate([first[name], second[name]]) for name in Packed._fields}])
+        assert_same([whole], [{name: np.concatenate([first[name], second[name]]) for name in Batch._fields}])
     # Rows are well formed: segments numbered from 1 with 0 as padding, positions restarting per document.
     rows = np.concatenate([b["segment_ids"] for b in alone])
     assert rows.max() > 1 and (rows[:, 0] == 1).all()

@@ -27,13 +27,14 @@ class Document(NamedTuple):
     loss_mask: Sequence[bool]
 
 
-class Packed(NamedTuple):
-    """`[N, L]` arrays of packed rows (see objective.Batch)."""
+class Batch(NamedTuple):
+    """Batch rows, every field `[rows, L]`: numpy arrays on the host (`pack`), jax arrays in the train step
+    (and their shapes or shardings when a step is lowered)."""
 
-    tokens: np.ndarray
-    segment_ids: np.ndarray
-    positions: np.ndarray
-    loss_mask: np.ndarray
+    tokens: Any  # int32
+    segment_ids: Any  # int32, 0 = padding, documents numbered from 1
+    positions: Any  # int32, position within each document
+    loss_mask: Any  # bool, True where a token may carry loss (assistant tokens for chat data)
 
 
 JSONL_SUFFIXES = (".jsonl", ".json")  # one record per line (any letter case); any other file is one text record
@@ -135,7 +136,7 @@ def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
     return Document(ids, loss)
 
 
-def pack(documents: Sequence[Document], seq_len: int) -> Packed:
+def pack(documents: Sequence[Document], seq_len: int) -> Batch:
     """Packs documents into rows of `seq_len`, never splitting one that fits in a row.
 
     A document longer than a row is cut into row-long pieces plus a remainder. Each piece goes to
@@ -169,10 +170,10 @@ def pack(documents: Sequence[Document], seq_len: int) -> Packed:
             loss_mask[row, at: at + end - start] = documents[doc].loss_mask[start:end]
             segments[row, at: at + end - start] = number
             at += end - start
-    return Packed(tokens, segments, segment_positions(segments), loss_mask)
+    return Batch(tokens, segments, segment_positions(segments), loss_mask)
 
 
-def padding_fraction(packed: Packed) -> float:
+def padding_fraction(packed: Batch) -> float:
     """Share of the packed rows' slots that hold no token."""
     return float((packed.segment_ids == 0).mean())
 
@@ -185,7 +186,7 @@ def segment_positions(segments: np.ndarray) -> np.ndarray:
     return (index - np.maximum.accumulate(np.where(starts, index, 0), axis=1)).astype(np.int32)
 
 
-def load_packed(files: Sequence[str], tokenizer: Any, seq_len: int) -> Packed:
+def load_packed(files: Sequence[str], tokenizer: Any, seq_len: int) -> Batch:
     """Every document of `files`, tokenized and packed in memory (evaluation sets; training streams)."""
     documents = [tokenize(r, tokenizer) for path in expand_paths(files) for r in read_records(path)]
     documents = [d for d in documents if d.ids]

@@ -37,8 +37,8 @@ from absl import flags
 from sbd_jax.data.chunks import OPEN_CHUNKS, Chunk, Records, chunk_bytes_for, plan_chunks
 from sbd_jax.data.config import DataConfig
 from sbd_jax.data.packing import (
+    Batch,
     Document,
-    Packed,
     expand_paths,
     pack,
     tokenize,
@@ -100,7 +100,7 @@ class _PackIterator(grain.DatasetIterator):
         rng = np.random.default_rng([self._seed, self._window])
         packed = pack([documents[i] for i in rng.permutation(len(documents))], self._seq_len)
         # Best-fit packing places documents in order, so neighbouring rows hold neighbouring documents.
-        self._rows = [{name: getattr(packed, name)[r] for name in Packed._fields}
+        self._rows = [{name: getattr(packed, name)[r] for name in Batch._fields}
                       for r in rng.permutation(len(packed.tokens))]
 
     def __next__(self) -> dict[str, np.ndarray]:
@@ -182,7 +182,7 @@ class HostBatches:
 
     def __next__(self) -> dict[str, np.ndarray]:
         parts = [next(it) for it in self._iterators.values()]
-        return {name: np.concatenate([p[name] for p in parts]) for name in Packed._fields}
+        return {name: np.concatenate([p[name] for p in parts]) for name in Batch._fields}
 
     def get_state(self) -> bytes:
         shards = {str(s): it.get_state() for s, it in self._iterators.items()}

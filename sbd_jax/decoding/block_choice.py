@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.errors import UserError
+from sbd_jax.model.config import WithWeights
 
 BLOCK_SIZES = (4, 8, 16)  # the candidates `measure_block_choice` tries by default
 
@@ -84,7 +85,7 @@ def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, 
     return pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, None, config, pad_to=pad_to)[2]
 
 
-def bare_forward_seconds(model: Any, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], batch: int,
+def bare_forward_seconds(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], batch: int,
                          max_new_tokens: int, calls: int = 10, pad_to: int = 0, drafts: str = "sbd") -> dict[int, float]:
     """Seconds of one bare forward at `batch` rows, in the middle of decoding these prompts, in the cache
     the decoder would get: key 1 for NTP's one token a row, key k for verified SBD's pass (`pass_tokens`)."""
@@ -96,7 +97,7 @@ def bare_forward_seconds(model: Any, prompts: Sequence[Sequence[int]], block_siz
             for k in (1, *block_sizes)}
 
 
-def verified_tokens_per_forward(model: Any, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int],
+def verified_tokens_per_forward(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int],
                                 max_new_tokens: int, batch: int = 8, drafts: str = "sbd") -> dict[int, float]:
     """Greedy verified SBD's tokens per forward at each block size on these prompts (its output is NTP's
     at every k; only the forwards it takes differ)."""
@@ -106,7 +107,7 @@ def verified_tokens_per_forward(model: Any, prompts: Sequence[Sequence[int]], bl
                                                 prompts, batch)[0]) for k in block_sizes}
 
 
-def measure_block_choice(model: Any, prompts: Sequence[Sequence[int]], batch: int,
+def measure_block_choice(model: WithWeights, prompts: Sequence[Sequence[int]], batch: int,
                          block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
                          calibration_tokens: int = 64, calls: int = 10, drafts: str = "sbd") -> BlockChoice:
     """Calibrates and applies the rule for verified SBD at `batch` rows generating up to `max_new_tokens`:

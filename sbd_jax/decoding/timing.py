@@ -13,11 +13,12 @@ import jax.numpy as jnp
 
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
+from sbd_jax.model.config import WithWeights
 from sbd_jax.model.kv_cache import init_cache
 from sbd_jax.model.transformer import Transformer, forward
 
 
-def forward_seconds(model: Any, batch: int, n: int, context: int, calls: int, inner: int = 8,
+def forward_seconds(model: WithWeights, batch: int, n: int, context: int, calls: int, inner: int = 8,
                     capacity: int | None = None) -> float:
     """Median time of one bare decoding forward of `n` new tokens per row at `batch` rows with `context`
     cached tokens in a cache of `capacity` slots (default `context + n`; attention reads every slot, so
@@ -45,7 +46,7 @@ def forward_seconds(model: Any, batch: int, n: int, context: int, calls: int, in
     return median_seconds(jax.jit(forwards), model.params, cache, repeats=calls) / inner
 
 
-def forward_cost_ratio(model: Any, block_size: int, context: int = 40, calls: int = 200, batch: int = 1) -> float:
+def forward_cost_ratio(model: WithWeights, block_size: int, context: int = 40, calls: int = 200, batch: int = 1) -> float:
     """time(k) / time(1) of one decoding forward of k tokens with `context` cached tokens (medians)."""
     return (forward_seconds(model, batch, block_size, context, calls)
             / forward_seconds(model, batch, 1, context, calls))

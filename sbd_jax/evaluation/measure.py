@@ -13,14 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from sbd_jax.checkpoints.tokenizer import encode_prompt
-from sbd_jax.data.packing import Packed, load_packed
+from sbd_jax.data.packing import Batch, load_packed
 from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.arithmetic import Problem, final_result
 from sbd_jax.evaluation.scoring import wilson
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.transformer import Transformer
-from sbd_jax.training.objective import Batch, ntp_loss
+from sbd_jax.training.objective import ntp_loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +51,7 @@ def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_s
     `max_rows` packed rows spread evenly over them."""
     packed = load_packed(files, model.tokenizer, seq_len)
     if max_rows is not None and max_rows < len(packed.tokens):
-        packed = Packed(*(x[np.linspace(0, len(x) - 1, max_rows).astype(int)] for x in packed))
+        packed = Batch(*(x[np.linspace(0, len(x) - 1, max_rows).astype(int)] for x in packed))
     loss_fn = _ntp_loss(model.config)
     total, count = 0.0, 0.0
     for start in range(0, len(packed.tokens), batch_size):  # sums stay on device: no host sync per batch

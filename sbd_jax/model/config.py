@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 import jax.numpy as jnp
 
@@ -116,3 +116,14 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
+
+
+class WithWeights(Protocol):
+    """What decoding and measuring read from a model holder (`sbd_jax.load`'s SBDModel, `load_model`'s
+    LoadedModel, the evaluation's Trained): a config and its parameters."""
+
+    @property
+    def config(self) -> ModelConfig: ...
+
+    @property
+    def params(self) -> Any: ...

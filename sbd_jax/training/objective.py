@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sbd_jax.data.packing import Batch
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
 from sbd_jax.model.masks import SBDTrainingMask
@@ -27,15 +28,6 @@ class DraftTraining(NamedTuple):
     full_mask_share: float = 0.0
     position_decay: float = 0.0
     soft_target: float = 0.0
-
-
-class Batch(NamedTuple):
-    """Packed training sequences, all `[B, L]`."""
-
-    tokens: jax.Array  # int32
-    segment_ids: jax.Array  # int32, 0 = padding, documents numbered from 1
-    positions: jax.Array  # int32, position within each document
-    loss_mask: jax.Array  # bool, True where a token may carry loss (assistant tokens for chat data)
 
 
 def check_objective(block_size: int, eta_range: tuple[float, float], seq_len: int) -> None:

@@ -13,12 +13,12 @@ import numpy as np
 import optax
 from flax import struct
 
-from sbd_jax.data.packing import Packed
+from sbd_jax.data.packing import Batch
 from sbd_jax.model import sharding
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.transformer import Transformer
 from sbd_jax.training.config import OptimizerConfig, TrainConfig
-from sbd_jax.training.objective import Batch, DraftTraining, adapter_sbd_loss, ntp_loss, sbd_loss
+from sbd_jax.training.objective import DraftTraining, adapter_sbd_loss, ntp_loss, sbd_loss
 
 
 class TrainState(struct.PyTreeNode):
@@ -36,10 +36,10 @@ def sharded_state(params: dict, tx: optax.GradientTransformation, mesh: Any) -> 
 
 
 def global_batch(host_batch: dict[str, np.ndarray], mesh: Any) -> Batch:
-    """This host's rows of a batch (`Packed` field names) as one global array per field, split over the
+    """This host's rows of a batch (`Batch` field names) as one global array per field, split over the
     mesh's batch axes."""
     batch_sh = sharding.batch_sharding(mesh)
-    return Batch(*[jax.make_array_from_process_local_data(batch_sh, host_batch[name]) for name in Packed._fields])
+    return Batch(*[jax.make_array_from_process_local_data(batch_sh, host_batch[name]) for name in Batch._fields])
 
 
 def make_optimizer(opt: OptimizerConfig, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
@@ -148,7 +148,7 @@ def jitted_train_step(cfg: TrainConfig, model: Transformer, tx: optax.GradientTr
     compile. An adapter run (`frozen_shardings` given) also takes the frozen base weights."""
     step = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
                              spec=ObjectiveSpec.from_config(cfg, model.config))
-    batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)  # type: ignore[arg-type]  # the batch's shardings
+    batch_sh = Batch(*[sharding.batch_sharding(mesh)] * 4)
     replicated = sharding.replicated(mesh)
     shardings: tuple[Any, ...] = (state_shardings, batch_sh, replicated, replicated)
     if frozen_shardings is not None:
