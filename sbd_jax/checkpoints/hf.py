@@ -16,6 +16,7 @@ from safetensors.numpy import save_file
 from sbd_jax.checkpoints.hf_config import config_from_hf, config_to_hf
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import ModelConfig
+from sbd_jax.model.params import weight_shape
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -154,19 +155,12 @@ def params_from_tensors(available: Collection[str], get: Callable[[str], np.ndar
 
 def _expected_shape(ours: tuple[str, ...], cfg: ModelConfig) -> tuple[int, ...]:
     """Our param's shape, derived from the config (so a mismatched file is caught before XLA sees it)."""
-    d, hd = cfg.hidden_size, cfg.head_dim
-    out = {"q_proj": cfg.num_heads * hd, "k_proj": cfg.num_kv_heads * hd, "v_proj": cfg.num_kv_heads * hd,
-           "o_proj": d, "gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size, "down_proj": d,
-           "lm_head": cfg.vocab_size}
-    inp = {"o_proj": cfg.num_heads * hd, "down_proj": cfg.intermediate_size}
     module, leaf = ours[-2], ours[-1]
-    if module == "embed_tokens":
-        return (cfg.vocab_size, d)
-    if leaf == "kernel":
-        return (inp.get(module, d), out[module])
+    if leaf in ("kernel", "embedding"):
+        return weight_shape(module, cfg)
     if leaf == "bias":
-        return (out[module],)
-    return (hd,) if module in ("q_norm", "k_norm") else (d,)
+        return (weight_shape(module, cfg)[1],)
+    return (cfg.head_dim,) if module in ("q_norm", "k_norm") else (cfg.hidden_size,)
 
 
 def _check_shape(name: str, got: tuple, want: tuple, transposed: bool, path: str) -> None:

@@ -1,4 +1,5 @@
 """The model: its config (`config`), the transformer with its optional gated adapter (`transformer`),
 attention and its masks (`attention`, `splash`, `masks`), rotary positions (`rope`), the KV cache
-(`kv_cache`), how parameters are sharded (`sharding`) and the mask token (`mask_token`).
+(`kv_cache`), the weights' axes and shapes (`params`), how parameters are sharded (`sharding`) and the
+mask token (`mask_token`).
 Imports only `sbd_jax.errors`: every other room builds on this one."""

@@ -1,7 +1,7 @@
 """Device mesh, the logical-axis rules table, and shardings for params, optimizer state and batches.
 
-Model code never names mesh axes. Parameters get logical axis names from their path (one table
-below); `LOGICAL_RULES` maps logical names to mesh axes. A dimension a mesh axis does not divide is
+Model code never names mesh axes. Parameters get logical axis names from their path (the weights'
+table, `sbd_jax.model.params`); `LOGICAL_RULES` maps logical names to mesh axes. A dimension a mesh axis does not divide is
 replicated instead, so small models still run on big meshes.
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sbd_jax.errors import UserError
+from sbd_jax.model.params import WEIGHTS
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -28,15 +29,6 @@ LOGICAL_RULES: dict[str, Any] = {
     "layers": None,
     "norm": None,
     "rank": None,  # an adapter's low rank: small, replicated
-}
-
-# param module name -> logical axes of its weight (kernel / embedding), HF's in->out order as stored here
-_PARAM_AXES = {
-    "embed_tokens": ("vocab", "embed"),
-    "q_proj": ("embed", "heads"), "k_proj": ("embed", "heads"), "v_proj": ("embed", "heads"),
-    "o_proj": ("heads", "embed"),
-    "gate_proj": ("embed", "mlp"), "up_proj": ("embed", "mlp"), "down_proj": ("mlp", "embed"),
-    "lm_head": ("embed", "vocab"),
 }
 
 
@@ -64,13 +56,13 @@ def logical_axes(path: tuple[str, ...], ndim: int) -> tuple[str | None, ...]:
     stacked = "layers" in path
     base = ndim - int(stacked)
     module, leaf = (("",) + tuple(path))[-2:]
-    if module.endswith("_lora") and module[:-len("_lora")] in _PARAM_AXES:  # A [in, rank], B [rank, out]
-        into, out = _PARAM_AXES[module[:-len("_lora")]]
+    if module.endswith("_lora") and module[:-len("_lora")] in WEIGHTS:  # A [in, rank], B [rank, out]
+        into, out = WEIGHTS[module[:-len("_lora")]]
         names: tuple[str | None, ...] = (into, "rank") if leaf == "a" else ("rank", out)
-    elif leaf in ("kernel", "embedding") and module in _PARAM_AXES:
-        names = _PARAM_AXES[module]
-    elif leaf == "bias" and module in _PARAM_AXES:
-        names = (_PARAM_AXES[module][-1],)
+    elif leaf in ("kernel", "embedding") and module in WEIGHTS:
+        names = tuple(WEIGHTS[module])
+    elif leaf == "bias" and module in WEIGHTS:
+        names = (WEIGHTS[module].outputs,)
     else:
         names = ("norm",) * base
     assert len(names) == base, (path, ndim)
