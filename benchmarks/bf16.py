@@ -131,7 +131,8 @@ def smollm2_prompts(rows: int):
 
 
 def arithmetic_prompts(rows: int):
-    from sbd_jax.evaluation.arithmetic import STUDY, problems
+    from experiments.small_scale.task import STUDY
+    from sbd_jax.evaluation.arithmetic import problems
     from sbd_jax.evaluation.measure import chat_prompt
 
     test = problems(rows, STUDY["max_digits"], 1)  # the study's test seed
@@ -154,7 +155,7 @@ def main() -> None:
         result["train"] = train_part(args.steps)
         save_result(name, result)
     if "agreement" in args.parts:
-        from sbd_jax.evaluation.arithmetic import STUDY
+        from experiments.small_scale.task import STUDY
 
         result["agreement"] = [
             agreement("smollm2-135m (untrained mask token 4)", "smollm2-135m", 4, smollm2_prompts(args.rows),

@@ -96,10 +96,10 @@ def base_model_rows(args) -> dict:
 
 
 def arithmetic_rows(args) -> list[dict]:
+    from experiments.small_scale.task import study_splits
     from sbd_jax.api import load
     from sbd_jax.decoding.settings import Settings
     from sbd_jax.decoding.verified import DRAFT_SOURCES
-    from sbd_jax.evaluation.arithmetic import study_splits
 
     model = load(os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
 

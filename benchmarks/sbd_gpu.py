@@ -101,8 +101,8 @@ def main() -> None:
 
     import jax
 
+    from experiments.small_scale.task import STUDY, study_splits
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.evaluation.arithmetic import STUDY, study_splits
     from sbd_jax.evaluation.measure import (
         Trained,
         arithmetic_metrics,

@@ -53,9 +53,9 @@ def summary(generations, reference) -> dict:
 def arithmetic_part(args) -> dict:
     import jax
 
+    from experiments.small_scale.task import STUDY, study_splits
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.decoding.timing import forward_cost_ratio
-    from sbd_jax.evaluation.arithmetic import STUDY, study_splits
     from sbd_jax.evaluation.measure import chat_prompt
 
     loaded = load_model(args.model)

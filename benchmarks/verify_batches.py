@@ -138,8 +138,8 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
 def arithmetic_part(args) -> dict:
     import jax
 
+    from experiments.small_scale.task import STUDY, study_splits
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.evaluation.arithmetic import STUDY, study_splits
     from sbd_jax.evaluation.measure import chat_prompt
     from sbd_jax.roofline import shape_of
 

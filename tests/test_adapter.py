@@ -206,7 +206,7 @@ def test_train_py_trains_only_the_adapter_saves_it_and_resumes(tmp_path):
     """An adapter run on the shipped small-scale model: the checkpoint holds the adapter and its optimizer
     state alone, the base weights never change, workdir/adapter loads onto the base, a rerun resumes."""
     from configs.base import get_base
-    from sbd_jax.evaluation.arithmetic import study_splits
+    from experiments.small_scale.task import study_splits
     from sbd_jax.training.trainer import Trainer
 
     root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "small_scale", "models", "sbd_arith")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_collections
 
 from configs.base import get_base
-from sbd_jax.evaluation.arithmetic import STUDY
+from experiments.small_scale.task import STUDY
 
 # About 0.8M parameters (13k of them the character embedding): ~0.5 s an SBD step on 2 CPU cores.
 ARCHITECTURE = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,

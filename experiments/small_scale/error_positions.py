@@ -60,11 +60,11 @@ def main() -> None:
                         help="where the counts go (default: beside this file, the shipped model's)")
     args = parser.parse_args()
 
+    from experiments.small_scale.task import STUDY, study_splits
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.decoding.base import NTPDecoder
     from sbd_jax.decoding.generate import generate_batched
     from sbd_jax.decoding.sbd import SBDDecoder
-    from sbd_jax.evaluation.arithmetic import STUDY, study_splits
     from sbd_jax.evaluation.measure import chat_prompt
     from sbd_jax.evaluation.results import write_json
 

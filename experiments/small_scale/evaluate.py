@@ -12,8 +12,8 @@ from typing import Sequence
 
 import jax
 
+from experiments.small_scale.task import STUDY, study_splits
 from sbd_jax.checkpoints.load import load_model
-from sbd_jax.evaluation.arithmetic import STUDY, study_splits
 from sbd_jax.evaluation.measure import Trained, arithmetic_metrics
 
 

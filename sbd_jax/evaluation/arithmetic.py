@@ -86,12 +86,3 @@ def splits(train: int, valid: int, test: int, max_digits: int, seed: int = 0) ->
     valid_set = problems(valid, max_digits, seed + 2, exclude=seen | {p.question for p in test_set})
     return Splits(train_set, valid_set, test_set)
 
-
-# The small-scale study's task (experiments/small_scale): its shipped model learnt from, was tuned on and
-# is tested on these splits; the benchmarks that measure that model draw its test problems from here.
-STUDY = dict(train_problems=40000, valid_problems=500, test_problems=2000, max_digits=5, max_new_tokens=72)
-
-
-def study_splits() -> Splits:
-    """The small-scale study's train / validation / test problems."""
-    return splits(STUDY["train_problems"], STUDY["valid_problems"], STUDY["test_problems"], STUDY["max_digits"])
