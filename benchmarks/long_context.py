@@ -22,10 +22,10 @@ def step_seconds(decoder, params, cache, repeats: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax.decoding.base import Knobs
+    from sbd_jax.decoding.base import TracedSettings
     from sbd_jax.decoding.timing import median_seconds
 
-    args = (params, cache, jnp.zeros((1,), jnp.int32), jax.random.key(0), Knobs.create(1.0))
+    args = (params, cache, jnp.zeros((1,), jnp.int32), jax.random.key(0), TracedSettings.create(1.0))
     iterations = int(decoder.decode(*args).nfe[0])  # batch 1: one forward per loop iteration
     return median_seconds(decoder.decode, *args, repeats=repeats) / iterations
 

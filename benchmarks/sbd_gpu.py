@@ -104,7 +104,7 @@ def main() -> None:
     from experiments.small_scale.task import STUDY, study_splits
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.evaluation.measure import (
-        Trained,
+        EvaluatedModel,
         arithmetic_metrics,
         tokens_per_second,
     )
@@ -112,7 +112,7 @@ def main() -> None:
     dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     out = args.out or os.path.join(ROOT, "benchmarks", "results", f"sbd_{jax.devices()[0].platform}.json")
     loaded = load_model(MODEL, dtype=dtype)
-    model = Trained("sbd_arith", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+    model = EvaluatedModel("sbd_arith", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
     test = study_splits().test
     result = {"command": "python -m benchmarks.sbd_gpu " + " ".join(sys.argv[1:]), "device": str(jax.devices()[0]),
               "jax": jax.__version__, "dtype": dtype, "model": "experiments/small_scale/models/sbd_arith",

@@ -139,7 +139,7 @@ def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_
     import jax
     import jax.numpy as jnp
 
-    from sbd_jax.decoding.base import Knobs, NTPDecoder
+    from sbd_jax.decoding.base import NTPDecoder, TracedSettings
     from sbd_jax.decoding.sbd import SBDDecoder
     from sbd_jax.decoding.verified import VerifiedSBDDecoder
     from sbd_jax.model.attention import compiling_for
@@ -150,7 +150,7 @@ def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_
     prompts = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32)
     lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
-    knobs = Knobs(gamma=jax.ShapeDtypeStruct((), jnp.float32))  # type: ignore[arg-type]  # its shape
+    knobs = TracedSettings(gamma=jax.ShapeDtypeStruct((), jnp.float32))  # type: ignore[arg-type]  # its shape
     eos = tuple(config.eos_token_ids) or (0,)
     temperature, top_p = 0.8, 0.95
     decoders = {

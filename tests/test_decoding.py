@@ -182,7 +182,7 @@ def test_decoding_loops_write_the_cache_in_place(params, scan_layers):
     """No decoding step copies the KV cache: the only whole-cache copies are the two (K and V) of the
     cache handed to `decode`, made once before its loop. A step that copies it costs time in proportion
     to the cache (1.4x NTP's step on SmolLM2 at 4,096 cached tokens before the fix)."""
-    from sbd_jax.decoding.base import Knobs
+    from sbd_jax.decoding.base import TracedSettings
     from sbd_jax.decoding.sbd import SBDDecoder
     from sbd_jax.decoding.verified import VerifiedSBDDecoder
 
@@ -197,6 +197,6 @@ def test_decoding_loops_write_the_cache_in_place(params, scan_layers):
     for decoder in (NTPDecoder(config, **common), SBDDecoder(config, block_size=4, **common),
                     VerifiedSBDDecoder(config, block_size=4, **common)):
         hlo = decoder.decode.lower(decoder, layer_params, cache, jnp.zeros((1,), jnp.int32), jax.random.key(0),
-                                   Knobs.create(0.5)).compile().as_text()
+                                   TracedSettings.create(0.5)).compile().as_text()
         copies = [line for line in hlo.splitlines() if f"{cache_shape}{{4,3,2,1,0}} copy(" in line]
         assert len(copies) <= 2, (type(decoder).__name__, copies)

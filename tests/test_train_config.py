@@ -10,7 +10,7 @@ from configs import tiny
 from configs.base import get_base
 from sbd_jax.config_files import load_config_file
 from sbd_jax.errors import UserError
-from sbd_jax.training.config import DataConfig, LoopConfig, ModelSection, TrainConfig
+from sbd_jax.training.config import DataConfig, LoopConfig, ModelToTrain, TrainConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ def test_the_defaults_and_every_config_file_convert():
     base = get_base()
     base.model.name = "smollm2-135m"
     converted = TrainConfig.from_config_dict(base)
-    assert converted == TrainConfig(model=ModelSection(name="smollm2-135m"))
+    assert converted == TrainConfig(model=ModelToTrain(name="smollm2-135m"))
     for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))):
         if os.path.basename(path) in ("__init__.py", "base.py"):
             continue

@@ -220,10 +220,10 @@ def test_the_block_size_rule_picks_the_best_predicted_speedup_or_ntp():
 
 def test_recorded_settings_decode_with_the_decoder_they_name():
     """The setting dicts results record (mode labels of the recipes and the study) build the right decoder."""
-    from sbd_jax.evaluation.measure import Trained, decode
+    from sbd_jax.evaluation.measure import EvaluatedModel, decode
 
     cfg, params, prompts = trained_arithmetic_model()
-    model = Trained("sbd_arith", cfg, params, None)
+    model = EvaluatedModel("sbd_arith", cfg, params, None)
     ntp, _ = decode(model, dict(mode="ntp", block_size=1, gamma=None, proxy=None), prompts, 40)
     for mode in ("sbd_verified", "verified"):  # verified SBD: NTP's output in fewer forwards
         out, _ = decode(model, dict(mode=mode, block_size=8, gamma=1e9, proxy="entropy", verify=True), prompts, 40, 3)

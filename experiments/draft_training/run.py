@@ -89,12 +89,12 @@ def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> d
     from recipes.smollm2_sbd.eval import chat
     from recipes.smollm2_sbd.prompts import heldout_source_files
     from sbd_jax.data.jsonl import iter_jsonl
-    from sbd_jax.evaluation.measure import Trained, decode, heldout_ntp_loss
+    from sbd_jax.evaluation.measure import EvaluatedModel, decode, heldout_ntp_loss
     if name == "adapter":
         from sbd_jax.api import load
 
         loaded = load("smollm2-135m", adapter=export)
-        model = Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+        model = EvaluatedModel(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
     else:
         from recipes.smollm2_sbd.eval import load as load_hf
 
@@ -131,10 +131,10 @@ def base_reference(sizes: dict) -> dict:
     from recipes.smollm2_sbd.prompts import heldout_source_files
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.data.jsonl import iter_jsonl
-    from sbd_jax.evaluation.measure import Trained, decode, heldout_ntp_loss
+    from sbd_jax.evaluation.measure import EvaluatedModel, decode, heldout_ntp_loss
 
     loaded = load_model("smollm2-135m")
-    model = Trained("base", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+    model = EvaluatedModel("base", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
     questions = [row["prompt"] for _, row in iter_jsonl(os.path.join(DATA, "valid.jsonl"))][: sizes["valid"]]
     prompts = [chat(model.tokenizer, q) for q in questions]
     results = decode(model, dict(mode="ntp", block_size=1, gamma=None, proxy=None), prompts, sizes["max_new"])[0]

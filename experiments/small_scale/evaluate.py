@@ -14,10 +14,10 @@ import jax
 
 from experiments.small_scale.task import STUDY, study_splits
 from sbd_jax.checkpoints.load import load_model
-from sbd_jax.evaluation.measure import Trained, arithmetic_metrics
+from sbd_jax.evaluation.measure import EvaluatedModel, arithmetic_metrics
 
 
-def settings(model: Trained, block_sizes: Sequence[int], gammas: Sequence[float],
+def settings(model: EvaluatedModel, block_sizes: Sequence[int], gammas: Sequence[float],
              diagnostic_block: int) -> list[dict]:
     """Decoding settings: NTP; for a model with a mask token, the left-to-right γ = 0 diagnostic at
     `diagnostic_block` and the Entropy-Bounded grid."""
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=STUDY["test_problems"], help="how many test problems")
     args = parser.parse_args()
     loaded = load_model(args.model)
-    model = Trained(args.model, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+    model = EvaluatedModel(args.model, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
     test = study_splits().test
     test = test[: args.problems]
     grid = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]

@@ -69,7 +69,7 @@ def train(name: str, variant: str, steps: int, sizes: dict, corpus, tokenizer_di
     fine-tune, the trunk's steps up to its branch point plus its own)."""
     import jax
 
-    from sbd_jax.evaluation.measure import Trained
+    from sbd_jax.evaluation.measure import EvaluatedModel
     from sbd_jax.training.trainer import Trainer
 
     runs = os.path.join(workdir, "runs")
@@ -84,7 +84,7 @@ def train(name: str, variant: str, steps: int, sizes: dict, corpus, tokenizer_di
         rows = [r for r in _log(os.path.join(runs, "trunk")) if r["step"] <= stable_steps(steps)] + rows
     curve = [{key: row[key] for key in ("step", "ntp_loss", "matp_loss")} for row in rows]
     seconds = sum(row["seconds"] + row["compile_seconds"] for row in rows)  # also right for a resumed run
-    return Trained(name, trainer.config, jax.device_get(trainer.state.params), trainer.tokenizer), curve, seconds
+    return EvaluatedModel(name, trainer.config, jax.device_get(trainer.state.params), trainer.tokenizer), curve, seconds
 
 
 def headline_name(sizes: dict) -> str:

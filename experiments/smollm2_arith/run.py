@@ -97,10 +97,10 @@ def load(name: str, spec: str, scan_layers: bool):
     import jax
 
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.evaluation.measure import Trained
+    from sbd_jax.evaluation.measure import EvaluatedModel
 
     loaded = load_model(spec, scan_layers=scan_layers)
-    return Trained(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
+    return EvaluatedModel(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
 
 
 def choose_gamma(entries: list[dict], block_size: int) -> float | None:

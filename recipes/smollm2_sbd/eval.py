@@ -239,14 +239,14 @@ def load(name: str, spec: str, scan_layers: bool, dtype: str, base: str | None =
 
     from sbd_jax.checkpoints.adapter import CONFIG, attach_adapter
     from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.evaluation.measure import Trained
+    from sbd_jax.evaluation.measure import EvaluatedModel
 
     adapter = os.path.isfile(os.path.join(spec, CONFIG))
     loaded = load_model(base if adapter else spec, dtype=dtype, scan_layers=scan_layers)
     config, params, tokenizer = loaded.config, loaded.params, loaded.tokenizer
     if adapter:
         config, params, tokenizer = attach_adapter(spec, config, params, tokenizer)
-    return Trained(name, config, jax.device_put(params), tokenizer)
+    return EvaluatedModel(name, config, jax.device_put(params), tokenizer)
 
 
 def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | None = None) -> dict:

@@ -7,7 +7,7 @@ first forward feeds the last prompt token and SBD's first pass commits it. Every
 prefill is one pass of `nfe`; NTP has `nfe == new_tokens`. Rows of a batch keep their own cache
 lengths, pass counts and EOS; tokens after a row's first EOS are dropped. Every `decode` takes the
 right-padded prompt too (only lookup drafts read it). Settings that may change
-between calls without a recompile (`Knobs`: γ) are an argument of `decode`, never fields of the hashed
+between calls without a recompile (`TracedSettings`: γ) are an argument of `decode`, never fields of the hashed
 decoder; every decoder takes them, and those that have no use for them ignore them.
 """
 
@@ -97,13 +97,13 @@ def check_gamma(gamma: float) -> None:
         raise UserError(f"gamma={gamma!r} must be a number >= 0 (0 reveals one token per pass)")
 
 
-class Knobs(struct.PyTreeNode):
+class TracedSettings(struct.PyTreeNode):
     """Settings traced into `decode`: a new value never recompiles."""
 
     gamma: jax.Array  # SBD's entropy budget per pass; NTP and verified SBD ignore it
 
     @classmethod
-    def create(cls, gamma: float = DEFAULT_GAMMA) -> "Knobs":
+    def create(cls, gamma: float = DEFAULT_GAMMA) -> "TracedSettings":
         check_gamma(gamma)
         return cls(gamma=jnp.float32(gamma))
 
@@ -131,7 +131,7 @@ class Decoder:
         return "max_new_tokens"
 
     @functools.partial(jax.jit, static_argnames=("self",))
-    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: TracedSettings,
                prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
         """Generates after `prefill` until every row hit EOS or its budget: each mode's own loop."""
         raise NotImplementedError(f"{type(self).__name__} defines no decoding loop")
@@ -168,7 +168,7 @@ class NTPDecoder(Decoder):
     """Causal next-token decoding: one token per forward."""
 
     @functools.partial(jax.jit, static_argnames=("self",))
-    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: TracedSettings,
                prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
         """Generates up to `max_new_tokens` per row, one forward each, stopping rows at EOS (the prompt is
         unused: only lookup drafts read it)."""

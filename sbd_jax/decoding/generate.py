@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.decoding.base import DEFAULT_GAMMA, Decoder, Knobs
+from sbd_jax.decoding.base import DEFAULT_GAMMA, Decoder, TracedSettings
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import ModelConfig
 
@@ -119,7 +119,7 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     dataset to decode it in batches that all reuse one compiled shape (and pass one `executables` to
     every call, or each call compiles afresh). `gamma` is SBD's entropy budget per pass (traced: a new
     value never recompiles); the other decoders ignore it."""
-    knobs = Knobs.create(gamma)
+    knobs = TracedSettings.create(gamma)
     executables = Executables(capacity=2) if executables is None else executables  # an empty one is falsy
     tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, max_cache_len,
                                             decoder.config, decoder.output_label, pad_to)

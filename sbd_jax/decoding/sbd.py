@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from sbd_jax.decoding.base import DecodeOutput, Decoder, Knobs, check_block_size, check_proxy, kept_through_eos
+from sbd_jax.decoding.base import DecodeOutput, Decoder, TracedSettings, check_block_size, check_proxy, kept_through_eos
 from sbd_jax.decoding.token_choice import draw, eb_reveal, sampling_logits, uncertainty, without_token
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
@@ -90,7 +90,7 @@ class SBDDecoder(BlockDecoder):
     """Set Block Decoding: blocks of `block_size` tokens, each filled in by Entropy-Bounded passes.
 
     With temperature > 0 the uncertainty is computed on the distribution actually sampled from
-    (tempered, top-p truncated); greedy uses the model's own distribution. γ comes in `Knobs`, traced,
+    (tempered, top-p truncated); greedy uses the model's own distribution. γ comes in `TracedSettings`, traced,
     so sweeping it never recompiles.
     """
 
@@ -150,7 +150,7 @@ class SBDDecoder(BlockDecoder):
             lambda s: reveal(s, self.refine_pass(params, cache, s.block), True), first)
 
     @functools.partial(jax.jit, static_argnames=("self",))
-    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: TracedSettings,
                prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
         """Decodes block after block until every row hit EOS or `max_new_tokens` (the prompt is unused)."""
         k, batch = self.block_size, last_token_B.shape[0]

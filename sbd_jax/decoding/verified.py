@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from sbd_jax.decoding.base import DecodeOutput, Knobs, kept_through_eos
+from sbd_jax.decoding.base import DecodeOutput, TracedSettings, kept_through_eos
 from sbd_jax.decoding.lookup import lookup_drafts
 from sbd_jax.decoding.sbd import BlockDecoder
 from sbd_jax.decoding.token_choice import (
@@ -72,7 +72,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     Each forward runs the pending tokens (an exact token and up to k - 1 drafts after it) causally after
     the cache, so its logits are NTP's predictions for them; drafts are tested against those (greedy:
     kept while equal; sampling: the speculative ratio test) and the cache keeps exactly the accepted
-    tokens. Every forward verifies, so `nfe <= new tokens`; γ (in `Knobs`) plays no part. `drafts`:
+    tokens. Every forward verifies, so `nfe <= new tokens`; γ (in `TracedSettings`) plays no part. `drafts`:
     - `sbd`: the same forward also runs an all-masked block after the pending tokens; if every draft is
       accepted, its guesses are the next drafts (after a rejection they guessed past the wrong prefix, and
       the next forward drafts nothing). The pass is 2k tokens; the model needs a mask token.
@@ -135,7 +135,7 @@ class VerifiedSBDDecoder(BlockDecoder):
         return forward(Transformer(self.config), params, pending_BK, positions, cache=cache)
 
     @functools.partial(jax.jit, static_argnames=("self",))
-    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: Knobs,
+    def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: TracedSettings,
                prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
         """Decodes until every row hit EOS or `max_new_tokens`.
 

@@ -24,7 +24,7 @@ from sbd_jax.training.objective import ntp_loss
 
 
 @dataclasses.dataclass(frozen=True)
-class Trained:
+class EvaluatedModel:
     """A model under evaluation, with the compiled decoders it has used."""
 
     name: str
@@ -45,7 +45,7 @@ def fingerprint(params: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def heldout_ntp_loss(model: Trained, files: Sequence[str], seq_len: int, batch_size: int = 64,
+def heldout_ntp_loss(model: EvaluatedModel, files: Sequence[str], seq_len: int, batch_size: int = 64,
                      max_rows: int | None = None) -> float:
     """Mean next-token loss over every loss-carrying token of the files (answers only for chats), or of
     `max_rows` packed rows spread evenly over them."""
@@ -68,7 +68,7 @@ def _ntp_loss(config: ModelConfig) -> Any:
     return jax.jit(functools.partial(ntp_loss, model=Transformer(config)))
 
 
-def decode(model: Trained, setting: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+def decode(model: EvaluatedModel, setting: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int,
            batch: int = 0) -> tuple[list[Generation], BatchTiming]:
     """Greedy decoding of token-id prompts `batch` at a time (0: all in one batch) with a setting: a dict
     of mode, block_size, gamma, proxy, verify and drafts, as results record it (every mode but "ntp" names a
@@ -91,7 +91,7 @@ def chat_prompt(tokenizer: Any, question: str) -> list[int]:
 Prompt = Callable[[Any, str], list[int]]  # (tokenizer, question) -> token ids the answer follows
 
 
-def arithmetic_metrics(model: Trained, setting: dict, test: Sequence[Problem], max_new_tokens: int,
+def arithmetic_metrics(model: EvaluatedModel, setting: dict, test: Sequence[Problem], max_new_tokens: int,
                        prompt: Prompt = chat_prompt, batch_size: int = 0) -> dict:
     """Whole-answer exact match (the worked steps and the result, as the model should write them),
     final-number match, both by answer length (steps), and tokens per pass (with verified SBD, the
@@ -110,7 +110,7 @@ def arithmetic_metrics(model: Trained, setting: dict, test: Sequence[Problem], m
             "examples": [{"question": p.question, "output": t} for p, t in list(zip(test, texts))[:3]]}
 
 
-def tokens_per_second(model: Trained, setting: dict, test: Sequence[Problem], max_new_tokens: int, batch: int,
+def tokens_per_second(model: EvaluatedModel, setting: dict, test: Sequence[Problem], max_new_tokens: int, batch: int,
                       repeats: int, prompt: Prompt = chat_prompt) -> tuple[float, float]:
     """Generated tokens per second of decoding the problems in batches of `batch`, compile excluded (every
     batch is padded to one compiled shape): (decoding alone, what SBD changes; with the prompts' prefill,

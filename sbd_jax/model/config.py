@@ -120,7 +120,7 @@ class ModelConfig:
 
 class WithWeights(Protocol):
     """What decoding and measuring read from a model holder (`sbd_jax.load`'s SBDModel, `load_model`'s
-    LoadedModel, the evaluation's Trained): a config and its parameters."""
+    LoadedModel, the evaluation's EvaluatedModel): a config and its parameters."""
 
     @property
     def config(self) -> ModelConfig: ...

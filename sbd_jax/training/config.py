@@ -29,7 +29,7 @@ class DistributedConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSection:
+class ModelToTrain:
     """The model to train and how to run it. `remat` and `attention` shape only the training step, so
     they live here, not in the `ModelConfig` that keys every decoding compile."""
 
@@ -158,7 +158,7 @@ class AdapterSection:
         return AdapterConfig(rank=self.rank, alpha=self.alpha, targets=self.targets) if self.rank else None
 
 
-SECTIONS = dict(distributed=DistributedConfig, model=ModelSection, data=DataConfig, objective=ObjectiveConfig,
+SECTIONS = dict(distributed=DistributedConfig, model=ModelToTrain, data=DataConfig, objective=ObjectiveConfig,
                 train=LoopConfig, optimizer=OptimizerConfig, checkpoint=CheckpointConfig, adapter=AdapterSection)
 
 
@@ -166,7 +166,7 @@ SECTIONS = dict(distributed=DistributedConfig, model=ModelSection, data=DataConf
 class TrainConfig:
     """A whole training run's config; checks what spans sections (the others check themselves)."""
 
-    model: ModelSection
+    model: ModelToTrain
     data: DataConfig = DataConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
     train: LoopConfig = LoopConfig()

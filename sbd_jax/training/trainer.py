@@ -31,7 +31,7 @@ from sbd_jax.model.mask_token import setup_mask_token
 from sbd_jax.model.transformer import Transformer, init_params
 from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
 from sbd_jax.training import checkpoints as train_checkpoints
-from sbd_jax.training.config import DistributedConfig, ModelSection, TrainConfig
+from sbd_jax.training.config import DistributedConfig, ModelToTrain, TrainConfig
 from sbd_jax.training.log import MetricsLog, Progress, Window
 from sbd_jax.training.step import (
     block_size_for_step,
@@ -43,12 +43,12 @@ from sbd_jax.training.step import (
 from sbd_jax.training.stop_request import StopRequest
 
 
-def run_options(m: ModelSection) -> dict[str, Any]:
+def run_options(m: ModelToTrain) -> dict[str, Any]:
     """The ModelConfig fields a training config's `model` section sets (master weights stay float32)."""
     return dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers)
 
 
-def architecture_config(m: ModelSection, architecture: dict, tokenizer: Any = None) -> ModelConfig:
+def architecture_config(m: ModelToTrain, architecture: dict, tokenizer: Any = None) -> ModelConfig:
     """The ModelConfig of a model trained from scratch: `architecture` (ModelConfig fields; rope_scaling
     as a dict), its vocabulary size and EOS ids taken from the tokenizer where it leaves them out (the
     tokenizer `m.tokenizer` names is read only when the vocabulary size is missing and none is given)."""
@@ -117,7 +117,7 @@ class Trainer:
             loaded = load_model(m.name, **run_options(m))
             return loaded.config, loaded.params, loaded.tokenizer
         tokenizer = load_tokenizer(resolve(m.tokenizer))
-        assert m.architecture is not None  # ModelSection requires a name or an architecture
+        assert m.architecture is not None  # ModelToTrain requires a name or an architecture
         config = architecture_config(m, m.architecture, tokenizer)
         return config, jax.device_get(init_params(config, self.cfg.seed)), tokenizer
 
