@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import textwrap
 from typing import Any, Sequence
 
+from sbd_jax.evaluation.results import render_from_json
 from sbd_jax.evaluation.scoring import find, one, paired_difference
 
 
@@ -299,3 +301,7 @@ def write_report(results: dict[str, Any], directory: str) -> None:
     with open(os.path.join(directory, "results.md"), "w") as f:
         f.write(markdown(results))
     plots(results, directory)
+
+
+if __name__ == "__main__":  # python -m experiments.small_scale.report [DIR]: the report again from DIR/results.json
+    render_from_json(write_report, sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__)))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
+from sbd_jax.evaluation.results import render_from_json
 from sbd_jax.evaluation.scoring import find, one, paired_difference
 
 LABELS = {"base": "SmolLM2-135M-Instruct (base)", "stage1": "stage 1 (NTP SFT)", "stage2": "stage 2 (SBD fine-tune)"}
@@ -118,3 +120,7 @@ def write_report(results: dict, directory: str) -> None:
     with open(os.path.join(directory, "results.md"), "w") as f:
         f.write(markdown(results))
     plot(results, directory)
+
+
+if __name__ == "__main__":  # python -m experiments.smollm2_arith.report [DIR]: the report again from DIR/results.json
+    render_from_json(write_report, sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__)))

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
+
+from sbd_jax.evaluation.results import render_from_json
 
 
 def _row(*cells: Any) -> str:
@@ -183,3 +186,7 @@ def write_report(results: dict, directory: str) -> None:
         f.write(markdown(results))
     if "evaluation" in results and results["trend"]:
         plot(results, os.path.join(directory, "results.png"))
+
+
+if __name__ == "__main__":  # python -m recipes.smollm2_sbd.report results/cpu: the report again from its results.json
+    render_from_json(write_report, sys.argv[1])

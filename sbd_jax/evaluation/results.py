@@ -10,6 +10,7 @@ import platform
 import shlex
 import subprocess
 import sys
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
@@ -51,3 +52,10 @@ def write_json(path: str, data: dict) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(data, f, indent=2)
     os.replace(path + ".tmp", path)
+
+
+def render_from_json(write_report: Callable[[dict, str], None], directory: str) -> None:
+    """Rewrites a study's report (results.md, plots) from the results.json in `directory`, without rerunning."""
+    with open(os.path.join(directory, "results.json")) as f:
+        write_report(json.load(f), directory)
+    print(f"wrote the report in {directory} from its results.json")
