@@ -55,6 +55,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "lookup (tokens that followed an earlier occurrence of the last 1-4 tokens in prompt + output: "
                    "any model, no fine-tune, a k-token pass) or hybrid (sbd's block where the previous block was fully "
                    "accepted, else lookup)")
+    p.add_argument("--lookup-min-match", type=int, default=1, metavar="N",
+                   help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
+                   "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs 1.6-2.1 a "
+                   "1-token one (benchmarks/lookup_decode.py); 1 (most tokens per forward) on GPUs")
     p.add_argument("--adapter", default=None,
                    help="a gated adapter directory (train.py with adapter.rank > 0 writes workdir/adapter) for this "
                         "base model: NTP stays the base's exactly, SBD's blocks use the adapter")
@@ -115,7 +119,8 @@ def main(argv: list[str]) -> None:
     # with auto, block 16 only passes the checks; the measured choice replaces it after the model loads
     settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
-                        verify=args.verify, drafts=args.drafts, temperature=args.temperature,
+                        verify=args.verify, drafts=args.drafts, lookup_min_match=args.lookup_min_match,
+                        temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
     if auto:

@@ -2,13 +2,15 @@
 and wall clock against NTP in one run.
 
     python -m benchmarks.lookup_decode            # writes benchmarks/results/lookup_decode_cpu.json
+    python -m benchmarks.lookup_decode --parts speed --out benchmarks/results/lookup_decode_speed_cpu.json
 
 1. The base SmolLM2-135M (no fine-tune, no mask token), lookup drafts, greedy, 256 new tokens, on the
    first `--prompts` held-out test prompts and HumanEval problems of `recipes/smollm2_sbd`: its outputs
    against the committed base NTP outputs (`recipes/smollm2_sbd/results/cpu_paper_objective/entries.json`) and its
    tokens per forward against the replay of the same rule on them (`sbd_jax.decoding.lookup.replay_lookup`).
-2. Wall clock at batch 1 and 8 on test prompts: NTP and lookup at blocks 4 / 8 / 16 (decode seconds,
-   compile and prefill apart), with time(k)/time(1) of a bare forward beside it.
+2. Wall clock at batch 1 and 8 on test prompts: NTP and lookup at blocks 4 / 8 / 16, drafting from a match
+   of at least 1 and at least 2 tokens (`lookup_min_match`; passes without drafts run one token), decode
+   seconds (compile and prefill apart), outputs checked against NTP's, time(k)/time(1) of a bare forward.
 3. The shipped small-scale SBD model on the study's validation arithmetic problems: SBD, lookup and hybrid drafts at
    blocks 4 / 8 / 16 (tokens per forward; output against NTP).
 """
@@ -24,12 +26,14 @@ from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK_SIZES = (4, 8, 16)
+PARTS = ("arithmetic", "exactness", "speed")
 
 
-def verified(drafts: str, k: int, max_new_tokens: int):
+def verified(drafts: str, k: int, max_new_tokens: int, min_match: int = 1):
     from sbd_jax.decoding.settings import Settings
 
-    return Settings(mode="sbd", verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens)
+    return Settings(mode="sbd", verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens,
+                    lookup_min_match=min_match)
 
 
 def decode_rows(model, settings, prompts, batch):
@@ -52,7 +56,7 @@ def summary(results, timing=None) -> dict:
     return out
 
 
-def base_model_rows(args) -> dict:
+def exactness_rows(args) -> list[dict]:
     import json
 
     from benchmarks.lookup_rule import ENTRIES, ntp_outputs, split_prompts
@@ -61,7 +65,7 @@ def base_model_rows(args) -> dict:
 
     entries = json.load(open(ENTRIES))
     model = load("smollm2-135m")
-    out = {"exactness": [], "speed": []}
+    rows = []
     for split in ("test", "humaneval"):
         reference = ntp_outputs(entries, "base", split)[: args.prompts]
         prompts = split_prompts(model.tokenizer, split, len(reference))
@@ -71,28 +75,41 @@ def base_model_rows(args) -> dict:
             replayed = [replay_lookup(p, o, k - 1, 256) for p, o in zip(prompts, reference)]
             row = {"split": split, "prompts": len(prompts), "block_size": k, **summary(results),
                    "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference)),
-                   "replayed_tokens_per_forward": sum(map(len, reference)) / sum(f for f, _, _ in replayed),
+                   "replayed_tokens_per_forward": sum(map(len, reference)) / sum(r.forwards for r in replayed),
                    "seconds": time.perf_counter() - began}
-            out["exactness"].append(row)
+            rows.append(row)
             print(row, flush=True)
-    test = split_prompts(model.tokenizer, "test", 16)
-    for batch, n in ((1, 4), (8, 16)):
-        for name, settings in [("ntp", None), *((f"lookup k={k}", verified("lookup", k, 256)) for k in args.block_sizes)]:
-            from sbd_jax.decoding.settings import Settings
+    return rows
 
-            settings = settings or Settings(max_new_tokens=256)
-            decode_rows(model, settings, test[:batch], batch)  # compile (and warm) apart from the timed run
-            results, timing = decode_rows(model, settings, test[:n], batch)
-            row = {"decoder": name, "batch": batch, "prompts": n, **summary(results, timing)}
-            out["speed"].append(row)
-            print(row, flush=True)
-    for row in out["speed"]:
-        ntp = next(r for r in out["speed"] if r["batch"] == row["batch"] and r["decoder"] == "ntp")
-        row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
+
+def speed_rows(args) -> dict:
+    """Decode tokens/s of NTP and lookup (each shortest match of `--min-matches`) in one run; every output
+    checked against NTP's of this run."""
+    from benchmarks.lookup_rule import split_prompts
+    from sbd_jax.api import load
+    from sbd_jax.decoding.settings import Settings
     from sbd_jax.decoding.timing import forward_cost_ratio
 
-    out["forward_cost_ratio_cpu"] = {k: forward_cost_ratio(model, k, context=256, calls=20) for k in args.block_sizes}
-    return out
+    model = load("smollm2-135m")
+    test = split_prompts(model.tokenizer, "test", 16)
+    rows: list[dict] = []
+    for batch, n in ((1, args.batch1_prompts), (8, 16)):
+        ntp_outputs = None
+        for name, settings in [("ntp", Settings(max_new_tokens=256)),
+                               *((f"lookup k={k} min match {m}", verified("lookup", k, 256, m))
+                                 for k in args.block_sizes for m in args.min_matches)]:
+            decode_rows(model, settings, test[:batch], batch)  # compile (and warm) apart from the timed run
+            results, timing = decode_rows(model, settings, test[:n], batch)
+            ntp_outputs = ntp_outputs or [r.token_ids for r in results]
+            row = {"decoder": name, "batch": batch, "prompts": n, **summary(results, timing),
+                   "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, ntp_outputs))}
+            rows.append(row)
+            print(row, flush=True)
+    for row in rows:
+        ntp = next(r for r in rows if r["batch"] == row["batch"] and r["decoder"] == "ntp")
+        row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
+    return {"speed": rows,
+            "forward_cost_ratio_cpu": {k: forward_cost_ratio(model, k, context=256, calls=20) for k in args.block_sizes}}
 
 
 def arithmetic_rows(args) -> list[dict]:
@@ -128,12 +145,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--arith-problems", type=int, default=256)
-    parser.add_argument("--skip-smollm2", action="store_true")
+    parser.add_argument("--min-matches", type=int, nargs="+", default=[1, 2],
+                        help="speed: lookup's shortest match (`lookup_min_match`) to time")
+    parser.add_argument("--batch1-prompts", type=int, default=8, help="speed: test prompts decoded at batch 1")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "lookup_decode_cpu.json"))
     args = parser.parse_args(argv)
-    result = {"arithmetic": arithmetic_rows(args)}
-    if not args.skip_smollm2:
-        result["smollm2_base"] = base_model_rows(args)
+    result: dict = {}
+    if "arithmetic" in args.parts:
+        result["arithmetic"] = arithmetic_rows(args)
+    if "exactness" in args.parts:
+        result["smollm2_base"] = {"exactness": exactness_rows(args)}
+    if "speed" in args.parts:
+        result.setdefault("smollm2_base", {}).update(speed_rows(args))
     write_json(args.out, result)
     return result
 

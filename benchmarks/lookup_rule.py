@@ -10,6 +10,11 @@ it, on the held-out test prompts and HumanEval. Rules: the latest or the earlies
 n-grams from 1..MAX down to 1 for MAX = 1..4; with or without the periodic extension (a match P tokens
 back whose continuation runs out is read as a repeat with period P). Block k proposes up to k - 1 drafts
 a forward, as the decoder does. Tokens per forward is EAGLE's τ: accepted drafts + 1 per forward.
+
+Then, for the chosen rule, the shortest match that proposes drafts (`lookup_min_match` 1..4): tokens per
+forward, passes that carry drafts, and the batch-1 decode speed-up over NTP this CPU predicts from them
+(a drafting pass costs time(k)/time(1) one-token passes, measured by `benchmarks/lookup_decode.py`; the
+others run one token). Chosen on validation; `benchmarks/lookup_decode.py --parts speed` measures it.
 """
 
 from __future__ import annotations
@@ -52,10 +57,17 @@ def replay(prompts, outputs, k: int, max_new_tokens: int, **rule) -> dict:
     from sbd_jax.decoding.lookup import replay_lookup
 
     totals = [replay_lookup(p, o, k - 1, max_new_tokens, **rule) for p, o in zip(prompts, outputs)]
-    forwards, drafted, accepted = (sum(column) for column in zip(*totals))
+    forwards, drafted, accepted, drafting = (sum(column) for column in zip(*totals))
     tokens = sum(map(len, outputs))
     return {"tokens_per_forward": tokens / forwards, "accepted_fraction": accepted / max(drafted, 1),
-            "forwards": forwards, "tokens": tokens}
+            "forwards": forwards, "drafting_passes": drafting, "tokens": tokens}
+
+
+def batch1_speedup(row: dict, wide_cost: float) -> float:
+    """Predicted decode speed-up over NTP at batch 1: NTP's one-token passes against drafting passes
+    costing `wide_cost` one-token passes each (time(k)/time(1), measured) and the others one."""
+    narrow = row["forwards"] - row["drafting_passes"]
+    return row["tokens"] / (row["drafting_passes"] * wide_cost + narrow)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -86,7 +98,25 @@ def main(argv: list[str] | None = None) -> dict:
     best = max(valid, key=lambda r: r["tokens_per_forward"])
     chosen = {k: best[k] for k in ("max_ngram", "latest", "extend")}
     print(f"chosen on validation (tuned, block 8): {chosen} at {best['tokens_per_forward']:.3f} tokens/forward")
-    result = {"chosen_on_validation": chosen, "rows": rows}
+    # The shortest match that drafts, for a machine where a wide pass costs more than a narrow one (this CPU:
+    # time(k)/time(1) from benchmarks/lookup_decode.py): most predicted batch-1 speed on validation.
+    with open(os.path.join(ROOT, "benchmarks", "results", "lookup_decode_cpu.json")) as f:
+        cost = {int(k): v for k, v in json.load(f)["smollm2_base"]["forward_cost_ratio_cpu"].items()}
+    outputs = ntp_outputs(entries, "tuned", "valid")
+    prompts = split_prompts(tokenizer, "valid", len(outputs))
+    match_rows = []
+    for min_match, k in itertools.product(range(1, chosen["max_ngram"] + 1), BLOCK_SIZES):
+        row = {"min_ngram": min_match, "block_size": k, **replay(prompts, outputs, k, args.max_new_tokens, **chosen,
+                                                                min_ngram=min_match)}
+        row["predicted_batch1_speedup_cpu"] = batch1_speedup(row, cost[k])
+        match_rows.append(row)
+        print(json.dumps(row), flush=True)
+    fastest = max(match_rows, key=lambda r: r["predicted_batch1_speedup_cpu"])
+    print(f"fastest on this CPU at batch 1 (validation): min match {fastest['min_ngram']} at block "
+          f"{fastest['block_size']}, predicted {fastest['predicted_batch1_speedup_cpu']:.3f}x NTP")
+    result = {"chosen_on_validation": chosen, "rows": rows, "forward_cost_ratio_cpu": cost,
+              "min_match_rows": match_rows,
+              "fastest_cpu_batch1_on_validation": {k: fastest[k] for k in ("min_ngram", "block_size")}}
     write_json(args.out, result)
     return result
 

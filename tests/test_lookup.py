@@ -41,25 +41,47 @@ def test_lookup_proposes_what_followed_the_latest_longest_match():
     assert lookup_once([1, 2, 3], 4) == []
 
 
-@pytest.mark.parametrize("name, drafts, k", [("llama", "lookup", 1), ("llama", "lookup", 4), ("qwen3", "lookup", 8),
-                                             ("llama", "hybrid", 4), ("qwen3", "hybrid", 8)])
-def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k):
+@pytest.mark.parametrize("name, drafts, k, min_match", [
+    ("llama", "lookup", 1, 1), ("llama", "lookup", 4, 1), ("qwen3", "lookup", 8, 1), ("llama", "hybrid", 4, 1),
+    ("qwen3", "hybrid", 8, 1),
+    ("llama", "lookup", 4, 2), ("qwen3", "hybrid", 8, 2)])  # passes without drafts: one-token passes
+def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k, min_match):
     cfg, params = model(name)
     free = generate(NTPDecoder(cfg, max_new_tokens=24), params, PROMPTS)[0]
     eos = (free[1].token_ids[9],)
     for stop in ((), eos):
         reference = generate(NTPDecoder(cfg, max_new_tokens=24, eos_ids=stop), params, PROMPTS)[0]
-        results, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=24, block_size=k, eos_ids=stop, drafts=drafts),
-                              params, PROMPTS)
+        results, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=24, block_size=k, eos_ids=stop, drafts=drafts,
+                                                 lookup_min_match=min_match), params, PROMPTS)
         for prompt, ours, expected in zip(PROMPTS, results, reference):
             assert ours.token_ids == expected.token_ids
             assert 1 <= ours.nfe <= len(ours.token_ids)
             assert ours.lookup_accepted <= ours.lookup_drafted <= ours.drafted
             if drafts == "lookup":  # the replay of the same rule on the output takes the same forwards
-                forwards, _, accepted = replay_lookup(prompt, expected.token_ids, k - 1, 24)
-                assert (ours.nfe, ours.accepted) == (forwards, accepted)
+                replay = replay_lookup(prompt, expected.token_ids, k - 1, 24, min_ngram=min_match)
+                assert (ours.nfe, ours.accepted) == (replay.forwards, replay.accepted)
                 assert ours.drafted == ours.lookup_drafted
     assert sum(r.lookup_accepted for r in results) > 0 or k == 1
+
+
+class AlwaysWide(VerifiedSBDDecoder):
+    """Runs every pass k tokens wide, drafts or not."""
+
+    def verify_pass(self, params, cache, pending_BK, any_drafts):
+        return super().verify_pass(params, cache, pending_BK, jnp.bool_(True))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_pass_without_drafts_runs_one_token_and_decodes_as_the_wide_pass(temperature):
+    cfg, params = model("llama")
+    options = dict(max_new_tokens=24, block_size=8, drafts="lookup", lookup_min_match=3, temperature=temperature)
+    narrow_passes = []
+    for prompt in PROMPTS:  # batch 1: a pass is narrow where this row has no drafts
+        (narrow,), _ = generate(VerifiedSBDDecoder(cfg, **options), params, [prompt], seed=5)
+        (wide,), _ = generate(AlwaysWide(cfg, **options), params, [prompt], seed=5)
+        assert (narrow.token_ids, narrow.nfe, narrow.accepted) == (wide.token_ids, wide.nfe, wide.accepted)
+        narrow_passes.append(narrow.nfe - narrow.lookup_drafted)  # or more: a drafting pass drafts at least one
+    assert max(narrow_passes) > 2  # so some passes ran narrow
 
 
 def test_lookup_needs_no_mask_token_and_the_block_sources_say_so():
@@ -85,6 +107,8 @@ def test_lookup_needs_no_mask_token_and_the_block_sources_say_so():
     (dict(max_new_tokens=2.5), r"max_new_tokens=2.5 must be >= 1 \(a whole number\)"),
     (dict(mode="sbd", block_size=2.5), r"block_size=2.5 must be >= 1 \(a whole number\)"),
     (dict(mode="sbd", verify="no"), "verify='no' must be True or False"),
+    (dict(mode="sbd", verify=True, drafts="lookup", lookup_min_match=5), "lookup_min_match=5 must be a whole number"),
+    (dict(mode="sbd", verify=True, lookup_min_match=2), "use it with drafts 'lookup' or 'hybrid'"),
 ])
 def test_settings_refuse_bad_values_when_made(options, message):
     with pytest.raises(UserError, match=message):

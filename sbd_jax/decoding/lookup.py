@@ -16,7 +16,7 @@ differ little there (all within a few percent at a given block size); the rankin
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -83,16 +83,23 @@ def lookup_once(context: Sequence[int], num_drafts: int, max_ngram: int = MAX_NG
     return []
 
 
+class Replay(NamedTuple):
+    forwards: int
+    drafted: int  # draft tokens proposed
+    accepted: int  # draft tokens kept
+    drafting_passes: int  # forwards that carried drafts (at batch 1 the others are one-token passes)
+
+
 def replay_lookup(prompt: Sequence[int], output: Sequence[int], num_drafts: int, max_new_tokens: int,
                   max_ngram: int = MAX_NGRAM, latest: bool = LATEST, extend: bool = EXTEND,
-                  min_ngram: int = 1) -> tuple[int, int, int]:
-    """Forwards, drafted and accepted tokens of verified decoding with lookup drafts whose output is
-    `output` (a greedy NTP output: verification keeps it fixed, so only the forwards depend on the drafts).
+                  min_ngram: int = 1) -> Replay:
+    """What verified decoding with lookup drafts does to produce `output` (a greedy NTP output:
+    verification keeps it fixed, so only the forwards depend on the drafts).
 
     Each forward feeds the newest exact token and its drafts, accepts the drafts that equal the output,
     and emits one more exact token; drafts never reach past `max_new_tokens`.
     """
-    emitted, forwards, drafted, accepted = 0, 0, 0, 0
+    emitted, forwards, drafted, accepted, drafting = 0, 0, 0, 0, 0
     context = list(prompt)
     while emitted < len(output):
         drafts = lookup_once(context, min(num_drafts, max_new_tokens - emitted), max_ngram, latest, extend, min_ngram)
@@ -104,5 +111,6 @@ def replay_lookup(prompt: Sequence[int], output: Sequence[int], num_drafts: int,
         emitted += step
         forwards += 1
         drafted += len(drafts)
+        drafting += bool(drafts)
         accepted += min(good, step)
-    return forwards, drafted, accepted
+    return Replay(forwards, drafted, accepted, drafting)

@@ -16,7 +16,7 @@ from sbd_jax.decoding.base import (
     check_proxy,
 )
 from sbd_jax.decoding.sbd import SBDDecoder
-from sbd_jax.decoding.verified import VerifiedSBDDecoder, check_draft_source
+from sbd_jax.decoding.verified import VerifiedSBDDecoder, check_draft_source, check_lookup_min_match
 from sbd_jax.errors import UserError
 
 MODES = ("ntp", "sbd")
@@ -35,6 +35,7 @@ class Settings:
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
     drafts: str = "sbd"  # verify: what proposes the drafts: sbd (the masked block), lookup (n-grams of the
     # context: no fine-tune, no mask token needed) or hybrid (per row, whichever has had more drafts kept)
+    lookup_min_match: int = 1  # lookup / hybrid: the shortest n-gram match that proposes drafts (1-4)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
 
@@ -44,6 +45,7 @@ class Settings:
         check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
         check_flag("verify", self.verify)
         check_draft_source(self.drafts)
+        check_lookup_min_match(self.lookup_min_match, self.drafts)
         if self.drafts != "sbd" and not self.verify:
             raise UserError(f"drafts {self.drafts!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")
@@ -71,5 +73,6 @@ class Settings:
         if self.mode == "ntp":
             return NTPDecoder(config, **common)
         if self.verify:
-            return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts, **common)
+            return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts,
+                                      lookup_min_match=self.lookup_min_match, **common)
         return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)

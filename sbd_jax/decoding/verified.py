@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from sbd_jax.decoding.base import DecodeOutput, TracedSettings, kept_through_eos
-from sbd_jax.decoding.lookup import lookup_drafts
+from sbd_jax.decoding.lookup import MAX_NGRAM, lookup_drafts
 from sbd_jax.decoding.sbd import BlockDecoder
 from sbd_jax.decoding.token_choice import (
     draw,
@@ -33,6 +33,16 @@ def check_draft_source(drafts: str) -> None:
     """Raises UserError for an unknown draft source (callable before any model is loaded)."""
     if drafts not in DRAFT_SOURCES:
         raise UserError(f"unknown draft source {drafts!r}: use one of {', '.join(DRAFT_SOURCES)}")
+
+
+def check_lookup_min_match(min_match: int, drafts: str) -> None:
+    """Raises UserError unless `min_match` is a match length lookup can find (1..MAX_NGRAM) and lookup drafts."""
+    if not isinstance(min_match, int) or isinstance(min_match, bool) or not 1 <= min_match <= MAX_NGRAM:
+        raise UserError(f"lookup_min_match={min_match!r} must be a whole number from 1 to {MAX_NGRAM} (the longest "
+                        "n-gram lookup searches)")
+    if min_match != 1 and drafts == "sbd":
+        raise UserError("lookup_min_match (--lookup-min-match) sets when lookup drafts: use it with drafts 'lookup' "
+                        "or 'hybrid' (--drafts)")
 
 
 def sbd_preferred(sbd_accepted: jax.Array, sbd_uses: jax.Array, lookup_accepted: jax.Array,
@@ -78,7 +88,12 @@ class VerifiedSBDDecoder(BlockDecoder):
       the next forward drafts nothing). The pass is 2k tokens; the model needs a mask token.
     - `lookup`: the tokens that followed the latest earlier occurrence of the context's last 1-4 tokens
       (`sbd_jax.decoding.lookup`), after every forward, accepted or not. The pass is the k pending tokens alone and
-      needs no mask token: any causal LM, SBD-trained or not.
+      needs no mask token: any causal LM, SBD-trained or not. A pass where no row has drafts runs the one
+      exact token alone (a k-token pass costs 1.6-2.1 a 1-token one on a CPU). `lookup_min_match`: the
+      shortest n-gram match that proposes drafts (also hybrid's); 1 drafts wherever the last token recurs,
+      2 only where the last two do: fewer passes carry drafts, more of those are kept, and at batch 1 the
+      others are one-token passes, which is faster where a wide pass costs much more than a narrow one
+      (`benchmarks/lookup_decode.py` measures both).
     - `hybrid`: both, per block (2k-token pass): each row keeps the mean number of drafts kept per pass
       for each source and proposes lookup's drafts where the context has a match, unless SBD's mean is at
       least lookup's (`sbd_preferred`); then SBD's block where it holds (every draft of the previous block
@@ -92,6 +107,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     """
 
     drafts: str = "sbd"
+    lookup_min_match: int = 1
 
     # The sampling branch's accept / resample rule (a class attribute: tests swap in broken variants).
     speculative_test = staticmethod(speculative_accept)
@@ -111,6 +127,7 @@ class VerifiedSBDDecoder(BlockDecoder):
 
     def __post_init__(self) -> None:
         check_draft_source(self.drafts)
+        check_lookup_min_match(self.lookup_min_match, self.drafts)
         super().__post_init__()
 
     @property
@@ -129,10 +146,22 @@ class VerifiedSBDDecoder(BlockDecoder):
     def output_label(self) -> str:
         return f"max_new_tokens + block size {self.block_size}"
 
-    def verify_pass(self, params: Any, cache: KVCache, pending_BK: jax.Array) -> tuple[jax.Array, NewKV]:
-        """The k pending tokens causally after the cache (lookup drafts: no masked block to run)."""
-        positions = cache.lengths[:, None] + jnp.arange(self.block_size)
-        return forward(Transformer(self.config), params, pending_BK, positions, cache=cache)
+    def verify_pass(self, params: Any, cache: KVCache, pending_BK: jax.Array, any_drafts: jax.Array
+                    ) -> tuple[jax.Array, NewKV]:
+        """The k pending tokens causally after the cache (lookup drafts: no masked block to run), or where no
+        row has drafts (`any_drafts` false) the exact token alone, its logits and keys/values padded to k."""
+        k = self.block_size
+
+        def run(tokens: jax.Array) -> tuple[jax.Array, NewKV]:
+            positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
+            logits, kv = forward(Transformer(self.config), params, tokens, positions, cache=cache)
+            short = k - tokens.shape[1]  # logits [B, T, V]; keys / values [layers, B, T, ...]
+            return (jnp.pad(logits, [(0, 0), (0, short), (0, 0)]),
+                    NewKV(*(jnp.pad(x, [(0, 0), (0, 0), (0, short)] + [(0, 0)] * (x.ndim - 3)) for x in kv)))
+
+        if k == 1:
+            return run(pending_BK)
+        return jax.lax.cond(any_drafts, run, lambda tokens: run(tokens[:, :1]), pending_BK)
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: TracedSettings,
@@ -178,7 +207,7 @@ class VerifiedSBDDecoder(BlockDecoder):
 
         def lookup_block(history: jax.Array, count: jax.Array, first: jax.Array) -> tuple[jax.Array, jax.Array]:
             """[B, k]: `first` then lookup's drafts after it, and how many drafts (room left permitting)."""
-            found, n = lookup_drafts(history, lens_B + count, k - 1)
+            found, n = lookup_drafts(history, lens_B + count, k - 1, min_ngram=self.lookup_min_match)
             return jnp.concatenate([first[:, None], found], axis=1), jnp.minimum(n, self.max_new_tokens - count)
 
         def point_mass(tokens: jax.Array) -> jax.Array:  # [B, k, V] logits of δ at each token
@@ -194,7 +223,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                     causal_logits=True)
                 assert pending_logits is not None  # causal_logits=True returns them
             else:
-                pending_logits, kv = self.verify_pass(params, s.cache, s.pending)
+                pending_logits, kv = self.verify_pass(params, s.cache, s.pending, jnp.any(live & (s.pending_count > 1)))
             nfe = s.nfe + live
             p_logits = dist(pending_logits)  # [B, k, V]: at j, NTP's distribution of the token after j
             drafts = jnp.concatenate([s.pending[:, 1:], jnp.zeros((batch, 1), jnp.int32)], axis=1)
