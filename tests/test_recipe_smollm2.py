@@ -268,3 +268,15 @@ def test_a_sigterm_during_a_stage_still_counts_its_time(tmp_path, monkeypatch):
         signal.signal(signal.SIGTERM, previous)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert 0.2 <= json.load(open(tmp_path / "seconds.json"))["distill"] < 30
+
+
+def test_the_recipe_trains_an_adapter_at_ten_times_the_learning_rate(tmp_path):
+    from recipes.smollm2_sbd.run import ADAPTER_LR_SCALE, OBJECTIVE, training_config
+
+    config = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "smollm2_135m.py")
+    sizes = dict(steps=10, batch=4, seq_len=64, milestones=2)
+    full = training_config(config, "smollm2-135m", str(tmp_path), sizes, "float32")
+    adapter = training_config(config, "smollm2-135m", str(tmp_path), sizes, "float32", adapter_rank=16)
+    assert ADAPTER_LR_SCALE == 10.0 and adapter.optimizer.lr == 10.0 * full.optimizer.lr
+    assert (full.adapter.rank, adapter.adapter.rank) == (0, 16)
+    assert all(full.objective[k] == v and adapter.objective[k] == v for k, v in OBJECTIVE.items())

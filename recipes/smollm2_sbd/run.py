@@ -52,6 +52,9 @@ CPU = dict(train_prompts=800, answer_tokens=256, keep_unfinished=False, distill_
 # half the data token, half the clean half's own NTP distribution). --paper-objective trains the paper's
 # (random masking, equal weights, hard targets), as the first CPU study did (results/cpu_paper_objective).
 OBJECTIVE = dict(full_mask_share=0.5, position_decay=4.0, soft_target=0.5)
+# A gated adapter trains at 10x the config's learning rate: at 1x its drafts trailed the full fine-tunes, at
+# 10x they equalled them (experiments/draft_training, arms adapter and adapter_lr10).
+ADAPTER_LR_SCALE = 10.0
 SMOKE = dict(train_prompts=12, answer_tokens=12, keep_unfinished=True, distill_batch=12, valid=2, test=2,
              steps=3, batch=2, seq_len=64, milestones=3, problems=2, max_new=12, eval_batch=2, block_sizes=(4,),
              gammas=(0.35,), trend_block=4, loss_rows=2)
@@ -111,7 +114,8 @@ def kept_data(preset: str, base: str, sizes: dict, dtype: str) -> str | None:
 def training_config(config: str, base: str, data: str, sizes: dict, dtype: str, objective: dict | None = None,
                     adapter_rank: int = 0):
     """The config file's training config sized by `sizes`, with `objective`'s options (default: OBJECTIVE)
-    and, where `adapter_rank` > 0, a gated adapter of that rank on the frozen base."""
+    and, where `adapter_rank` > 0, a gated adapter of that rank on the frozen base (at ADAPTER_LR_SCALE times
+    the config's learning rate)."""
     from sbd_jax.config_files import load_config_file
 
     cfg, _ = load_config_file(config)
@@ -131,6 +135,8 @@ def training_config(config: str, base: str, data: str, sizes: dict, dtype: str, 
     for key, value in (OBJECTIVE if objective is None else objective).items():
         cfg.objective[key] = value
     cfg.adapter.rank = adapter_rank
+    if adapter_rank:
+        cfg.optimizer.lr *= ADAPTER_LR_SCALE
     return cfg
 
 
