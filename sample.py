@@ -125,7 +125,7 @@ def main(argv: list[str]) -> None:
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
     if auto:
         choice = model.choose_block_size(texts, batch=len(texts), chat=args.chat, max_new_tokens=args.max_new_tokens,
-                                         drafts=args.drafts)
+                                         drafts=args.drafts, lookup_min_match=args.lookup_min_match)
         print(f"[--block-size auto at batch {len(texts)}: {choice.describe()}]", file=sys.stderr)
         settings = (dataclasses.replace(settings, mode="ntp", verify=False) if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))

@@ -106,17 +106,17 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = split_prompts(tokenizer, "valid", len(outputs))
     match_rows = []
     for min_match, k in itertools.product(range(1, chosen["max_ngram"] + 1), BLOCK_SIZES):
-        row = {"min_ngram": min_match, "block_size": k, **replay(prompts, outputs, k, args.max_new_tokens, **chosen,
-                                                                min_ngram=min_match)}
+        row = {"min_match": min_match, "block_size": k, **replay(prompts, outputs, k, args.max_new_tokens, **chosen,
+                                                                min_match=min_match)}
         row["predicted_batch1_speedup_cpu"] = batch1_speedup(row, cost[k])
         match_rows.append(row)
         print(json.dumps(row), flush=True)
     fastest = max(match_rows, key=lambda r: r["predicted_batch1_speedup_cpu"])
-    print(f"fastest on this CPU at batch 1 (validation): min match {fastest['min_ngram']} at block "
+    print(f"fastest on this CPU at batch 1 (validation): min match {fastest['min_match']} at block "
           f"{fastest['block_size']}, predicted {fastest['predicted_batch1_speedup_cpu']:.3f}x NTP")
     result = {"chosen_on_validation": chosen, "rows": rows, "forward_cost_ratio_cpu": cost,
               "min_match_rows": match_rows,
-              "fastest_cpu_batch1_on_validation": {k: fastest[k] for k in ("min_ngram", "block_size")}}
+              "fastest_cpu_batch1_on_validation": {k: fastest[k] for k in ("min_match", "block_size")}}
     write_json(args.out, result)
     return result
 

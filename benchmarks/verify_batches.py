@@ -10,10 +10,11 @@ hybrid), in one run on this machine:
 - tokens per forward, the accepted fraction of the drafts (and of lookup's alone) and seconds per pass (decode seconds / loop iterations: a batch runs until its
   slowest row is done, so every iteration is one forward of every row);
 - **pass overhead** = seconds per pass / seconds of the bare model forward of the same tokens (NTP: one
-  token a row; verified SBD and hybrid: the 2k tokens of its pass: k pending, k masked; lookup: k), with as many cached tokens
+  token a row; verified SBD and hybrid: the 2k tokens of its pass: k pending, k masked; lookup: k, or one where
+  no row has drafts, weighted by the measured **narrow share** of such passes), with as many cached tokens
   as the middle of a decode, in a cache as large as the decoder's (attention reads every slot: a smaller
   cache would charge the cache's size to the loop). 1.0 means the loop adds nothing to the model;
-- **ideal** speed-up = tokens per forward x bare(1) / bare(2k), and **efficiency** = measured speed-up /
+- **ideal** speed-up = tokens per forward x bare(1) / that mean bare pass, and **efficiency** = measured speed-up /
   ideal (what the loop and the rows that finish early keep of what the passes promise);
 - the H100 roofline's prediction of the same speed-up (tokens per forward / its time(2k) / time(1));
 - **the block-size rule** (`sbd_jax.decoding.block_choice`): from the measured tokens per forward at each k
@@ -67,16 +68,17 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
     from sbd_jax.decoding.block_choice import (
         bare_forward_seconds,
         cache_slots,
+        calibrate,
         choose_block_size,
+        mean_pass_seconds,
         pass_tokens,
-        verified_tokens_per_forward,
     )
     from sbd_jax.decoding.generate import Executables
     from sbd_jax.roofline import HARDWARE, slowdown
 
     longest = max(map(len, prompts + calibration))
     context = longest + max_new_tokens // 2  # cached tokens in the middle of a decode
-    calibrated = verified_tokens_per_forward(model, calibration, blocks, max_new_tokens, batch=len(calibration))
+    calibrated = calibrate(model, calibration, blocks, max_new_tokens, batch=len(calibration)).tokens_per_forward
     slots = {k: cache_slots(model.config, prompts, k, max_new_tokens, longest) for k in (1, *blocks)}
     rows, sources = [], ("sbd", *others)
     for batch in batches:
@@ -84,26 +86,27 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
         # sbd and hybrid passes have the same 2k tokens: one timing serves both
         bare_of = {kind: bare_forward_seconds(model, prompts, blocks, batch, max_new_tokens, calls, pad_to=longest,
                                               drafts=kind) for kind in {pass_kind(d) for d in sources}}
-        for timed in bare_of.values():  # one timing of NTP's forward for every row's ideal speed-up
-            timed[1] = bare_of["sbd"][1]
+        ntp_bare = bare_of["sbd"][1]  # one timing of NTP's forward for every row's ideal speed-up
         group = []
         for k, drafts in [(1, None)] + [(k, d) for d in sources for k in blocks]:
-            bare = bare_of[pass_kind(drafts or "sbd")]
+            bare = ntp_bare if k == 1 else bare_of[pass_kind(drafts)][k]
             executables = Executables(capacity=2)  # this row's prefill and decode, compiled once
             runs = sorted((decode_all(model, prompts[:n_prompts], k, max_new_tokens, batch, longest, executables,
                                       drafts) for _ in range(repeats)), key=lambda r: r[1])
             generations, seconds, iterations = runs[len(runs) // 2]
             tokens, nfe = sum(len(g.token_ids) for g in generations), sum(g.nfe for g in generations)
             drafted, lookup_drafted = sum(g.drafted for g in generations), sum(g.lookup_drafted for g in generations)
+            narrow = sum(g.narrow_passes for g in generations) / nfe  # lookup: passes run as one token
+            mean_bare = mean_pass_seconds(bare, ntp_bare, narrow)
             group.append({"batch": batch, "block_size": k, "mode": "ntp" if k == 1 else "verified", "drafts": drafts,
                           "prompts": n_prompts, "tokens": tokens, "tokens_per_second": tokens / seconds,
                           "tokens_per_forward": tokens / nfe, "seconds_per_pass": seconds / iterations,
                           "accepted_fraction": sum(g.accepted for g in generations) / drafted if drafted else None,
                           "lookup_accepted_fraction": (sum(g.lookup_accepted for g in generations) / lookup_drafted
                                                        if lookup_drafted else None),
-                          "bare_forward_seconds": bare[k], "cache_slots": slots[k],
-                          "pass_overhead": seconds / iterations / bare[k],
-                          "ideal_speedup": tokens / nfe * bare[1] / bare[k],
+                          "bare_forward_seconds": bare, "narrow_share": narrow, "cache_slots": slots[k],
+                          "pass_overhead": seconds / iterations / mean_bare,
+                          "ideal_speedup": tokens / nfe * ntp_bare / mean_bare,
                           "h100_roofline_speedup": tokens / nfe / slowdown(
                               HARDWARE["h100-bf16"], shape, batch, 1 if k == 1 else pass_tokens(k, drafts), context)})
         ntp = group[0]
@@ -111,8 +114,8 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
             row["speedup"] = row["tokens_per_second"] / ntp["tokens_per_second"]
             row["efficiency"] = row["speedup"] / row["ideal_speedup"]
         sbd_rows = [r for r in group if r["drafts"] in (None, "sbd")]  # what the block-size rule chooses among
-        bare = bare_of["sbd"]
-        chosen = choose_block_size(calibrated, {k: bare[k] for k in blocks}, bare[1])
+        sbd_bare = bare_of["sbd"]
+        chosen = choose_block_size(calibrated, {k: sbd_bare[k] for k in blocks}, ntp_bare)
         # The same rule fed with the decoding loop's own seconds per pass, timed on the calibration prompts at
         # this batch (the loop's overhead included, which bare forwards do not see): which input predicts better?
         loop = {k: decode_all(model, calibration, k, max_new_tokens, batch, longest, Executables(capacity=2))

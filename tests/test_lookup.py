@@ -17,18 +17,18 @@ from sbd_jax.errors import UserError
 from tests.test_verify import PROMPTS, model
 
 
-@pytest.mark.parametrize("max_ngram, latest, extend, min_ngram",
+@pytest.mark.parametrize("max_ngram, latest, extend, min_match",
                          [*itertools.product((1, 4), (True, False), (True, False), (1,)), (4, True, True, 3)])
-def test_lookup_on_device_equals_the_host_rule(max_ngram, latest, extend, min_ngram):
+def test_lookup_on_device_equals_the_host_rule(max_ngram, latest, extend, min_match):
     rng = np.random.default_rng(max_ngram)
     width, drafts = 40, 6
     histories = rng.integers(0, 4, (64, width))  # a small alphabet: many n-grams recur
     lengths = rng.integers(1, width + 1, 64)
-    found, count = lookup_drafts(histories, lengths, drafts, max_ngram, latest, extend, min_ngram)
+    found, count = lookup_drafts(histories, lengths, drafts, max_ngram, latest, extend, min_match)
     for row, n in enumerate(lengths):
-        expected = lookup_once(histories[row, :n], drafts, max_ngram, latest, extend, min_ngram)
+        expected = lookup_once(histories[row, :n], drafts, max_ngram, latest, extend, min_match)
         assert found[row, :count[row]].tolist() == expected
-    assert (np.asarray(count) > 0).mean() > (0.8 if min_ngram == 1 else 0.1)
+    assert (np.asarray(count) > 0).mean() > (0.8 if min_match == 1 else 0.1)
 
 
 def test_lookup_proposes_what_followed_the_latest_longest_match():
@@ -58,7 +58,7 @@ def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k, min_match):
             assert 1 <= ours.nfe <= len(ours.token_ids)
             assert ours.lookup_accepted <= ours.lookup_drafted <= ours.drafted
             if drafts == "lookup":  # the replay of the same rule on the output takes the same forwards
-                replay = replay_lookup(prompt, expected.token_ids, k - 1, 24, min_ngram=min_match)
+                replay = replay_lookup(prompt, expected.token_ids, k - 1, 24, min_match=min_match)
                 assert (ours.nfe, ours.accepted) == (replay.forwards, replay.accepted)
                 assert ours.drafted == ours.lookup_drafted
     assert sum(r.lookup_accepted for r in results) > 0 or k == 1
@@ -80,7 +80,12 @@ def test_a_pass_without_drafts_runs_one_token_and_decodes_as_the_wide_pass(tempe
         (narrow,), _ = generate(VerifiedSBDDecoder(cfg, **options), params, [prompt], seed=5)
         (wide,), _ = generate(AlwaysWide(cfg, **options), params, [prompt], seed=5)
         assert (narrow.token_ids, narrow.nfe, narrow.accepted) == (wide.token_ids, wide.nfe, wide.accepted)
-        narrow_passes.append(narrow.nfe - narrow.lookup_drafted)  # or more: a drafting pass drafts at least one
+        # A lookup draft is kept iff it is the emitted token (sampling too: a rejected point mass is never
+        # drawn again), so replaying the output counts the passes that had drafts.
+        replay = replay_lookup(prompt, narrow.token_ids, 7, 24, min_match=3)
+        assert narrow.nfe == replay.forwards
+        assert narrow.narrow_passes == replay.forwards - replay.drafting_passes
+        narrow_passes.append(narrow.narrow_passes)
     assert max(narrow_passes) > 2  # so some passes ran narrow
 
 
@@ -137,6 +142,24 @@ def test_the_block_size_rule_refuses_impossible_measurements():
         measure_block_choice(holder, PROMPTS, batch=0)
     with pytest.raises(UserError, match=r"calibration_tokens=0 must be >= 1"):
         measure_block_choice(holder, PROMPTS, batch=1, calibration_tokens=0)
+
+
+def test_the_calibration_counts_one_token_passes_for_lookup_only():
+    from sbd_jax.decoding.block_choice import calibrate
+
+    cfg, params = model("llama")
+    holder = type("Model", (), {"config": cfg, "params": params})()
+    one_by_one = calibrate(holder, PROMPTS, (8,), 24, batch=1, drafts="lookup", lookup_min_match=3)
+    expected = []
+    for prompt in PROMPTS:  # at batch 1 a pass runs narrow exactly where the replay drafts nothing
+        (ntp,), _ = generate(NTPDecoder(cfg, max_new_tokens=24), params, [prompt])
+        replay = replay_lookup(prompt, ntp.token_ids, 7, 24, min_match=3)
+        expected.append((replay.forwards - replay.drafting_passes, replay.forwards))
+    assert one_by_one.narrow_share[8] == sum(n for n, _ in expected) / sum(f for _, f in expected) > 0
+    together = calibrate(holder, PROMPTS, (8,), 24, batch=len(PROMPTS), drafts="lookup", lookup_min_match=3)
+    assert together.tokens_per_forward == one_by_one.tokens_per_forward  # the same outputs, the same drafts
+    assert together.narrow_share[8] < one_by_one.narrow_share[8]  # a pass is narrow only if no row drafts
+    assert calibrate(holder, PROMPTS, (8,), 24, batch=1, drafts="sbd").narrow_share == {8: 0.0}
 
 
 def test_hybrid_prefers_the_source_whose_drafts_were_kept_more_often_per_pass():

@@ -214,6 +214,9 @@ def test_the_block_size_rule_picks_the_best_predicted_speedup_or_ntp():
     assert choose_block_size(tokens, {4: 1.3, 8: 2.0, 16: 4.0}, 1.0) == 8
     # no block is predicted to beat one token per step: NTP
     assert choose_block_size({4: 1.0, 8: 1.1}, {4: 1.5, 8: 3.0}, 1.0) == 1
+    # lookup: passes where no row drafts run one token; 80% such passes: 1.5 / (0.2 * 2.0 + 0.8 * 1.0) = 1.25
+    assert choose_block_size({4: 1.5}, {4: 2.0}, 1.0) == 1
+    assert choose_block_size({4: 1.5}, {4: 2.0}, 1.0, {4: 0.8}) == 4
     with pytest.raises(UserError, match="same block sizes"):
         choose_block_size({4: 2.0}, {8: 1.0}, 1.0)
 

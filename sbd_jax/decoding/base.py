@@ -44,6 +44,7 @@ class DecodeOutput(struct.PyTreeNode):
     accepted: jax.Array  # [B] verified mode: of those, accepted
     lookup_drafted: jax.Array  # [B] verified mode: of the drafted tokens, those prompt lookup proposed
     lookup_accepted: jax.Array  # [B] verified mode: of those, accepted
+    narrow_passes: jax.Array  # [B] verified lookup: of the row's passes, those run as the exact token alone
 
 
 def kept_through_eos(is_eos_BK: jax.Array, limit_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -193,4 +194,4 @@ class NTPDecoder(Decoder):
             tokens=final.tokens, num_tokens=final.count, nfe=final.count,
             reveal_pass=jnp.broadcast_to(jnp.arange(1, self.max_new_tokens + 1), final.tokens.shape),
             corrected=jnp.zeros(final.tokens.shape, bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
-            lookup_accepted=zeros)
+            lookup_accepted=zeros, narrow_passes=zeros)

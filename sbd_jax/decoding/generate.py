@@ -28,6 +28,7 @@ class Generation(NamedTuple):
     accepted: int = 0  # verified SBD: of those, accepted
     lookup_drafted: int = 0  # verified: of the drafted tokens, those prompt lookup proposed
     lookup_accepted: int = 0  # verified: of those, accepted
+    narrow_passes: int = 0  # verified lookup: of the nfe passes, those that ran the exact token alone
     text: str = ""  # the decoded token ids (special tokens skipped), where a tokenizer was at hand
 
     @property
@@ -151,7 +152,8 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
         results.append(Generation(token_ids=out.tokens[b, :n].tolist(), nfe=int(out.nfe[b]),
                                   reveal_pass=out.reveal_pass[b, :n].tolist(), corrected=out.corrected[b, :n].tolist(),
                                   drafted=int(out.drafted[b]), accepted=int(out.accepted[b]),
-                                  lookup_drafted=int(out.lookup_drafted[b]), lookup_accepted=int(out.lookup_accepted[b])))
+                                  lookup_drafted=int(out.lookup_drafted[b]), lookup_accepted=int(out.lookup_accepted[b]),
+                                  narrow_passes=int(out.narrow_passes[b])))
     return results, BatchTiming(compile_seconds, prefill_seconds, decode_seconds)
 
 

@@ -28,12 +28,12 @@ EXTEND = True  # periodic extension             }
 
 
 def lookup_drafts(history_BW: jax.Array, length_B: jax.Array, num_drafts: int, max_ngram: int = MAX_NGRAM,
-                  latest: bool = LATEST, extend: bool = EXTEND, min_ngram: int = 1) -> tuple[jax.Array, jax.Array]:
+                  latest: bool = LATEST, extend: bool = EXTEND, min_match: int = 1) -> tuple[jax.Array, jax.Array]:
     """Drafts for the token after each row's `history[b, :length[b]]`.
 
     Returns `[B, num_drafts]` proposed tokens (0 past the count) and `[B]` how many are real: the tokens
     that followed the chosen earlier occurrence of the history's last n tokens, as many as the history
-    holds after it, at most `num_drafts`; 0 where no n-gram of length `min_ngram`..`max_ngram` recurs. The match must
+    holds after it, at most `num_drafts`; 0 where no n-gram of length `min_match`..`max_ngram` recurs. The match must
     end before the last token (an occurrence is *earlier*), so at least one token follows it.
     `latest` picks the occurrence nearest the end, else the first one. `extend`: a match P tokens back
     whose continuation runs out before `num_drafts` (it reaches the end of the history) is read as a
@@ -54,7 +54,7 @@ def lookup_drafts(history_BW: jax.Array, length_B: jax.Array, num_drafts: int, m
             end = jnp.where(ends, index, -1).max(axis=1)
         else:
             end = jnp.where(ends.any(axis=1), jnp.where(ends, index, width).min(axis=1), -1)
-        if m + 1 >= min_ngram:
+        if m + 1 >= min_match:
             best_end = jnp.where(end >= 0, end, best_end)  # a longer n-gram's match replaces a shorter one's
     found = best_end >= 0
     period = length_B - 1 - best_end  # tokens from the match's end to the last one: all of its continuation
@@ -67,11 +67,11 @@ def lookup_drafts(history_BW: jax.Array, length_B: jax.Array, num_drafts: int, m
 
 
 def lookup_once(context: Sequence[int], num_drafts: int, max_ngram: int = MAX_NGRAM, latest: bool = LATEST,
-                extend: bool = EXTEND, min_ngram: int = 1) -> list[int]:
+                extend: bool = EXTEND, min_match: int = 1) -> list[int]:
     """`lookup_drafts` for one context on the host (numpy): the proposed tokens."""
     tokens = np.asarray(context)
     last = len(tokens) - 1
-    for n in range(min(max_ngram, last), min_ngram - 1, -1):
+    for n in range(min(max_ngram, last), min_match - 1, -1):
         windows = np.lib.stride_tricks.sliding_window_view(tokens[:last], n)  # window i ends at i + n - 1 < last
         starts = np.flatnonzero((windows == tokens[last - n + 1:]).all(axis=1))
         if len(starts):
@@ -92,7 +92,7 @@ class Replay(NamedTuple):
 
 def replay_lookup(prompt: Sequence[int], output: Sequence[int], num_drafts: int, max_new_tokens: int,
                   max_ngram: int = MAX_NGRAM, latest: bool = LATEST, extend: bool = EXTEND,
-                  min_ngram: int = 1) -> Replay:
+                  min_match: int = 1) -> Replay:
     """What verified decoding with lookup drafts does to produce `output` (a greedy NTP output:
     verification keeps it fixed, so only the forwards depend on the drafts).
 
@@ -102,7 +102,7 @@ def replay_lookup(prompt: Sequence[int], output: Sequence[int], num_drafts: int,
     emitted, forwards, drafted, accepted, drafting = 0, 0, 0, 0, 0
     context = list(prompt)
     while emitted < len(output):
-        drafts = lookup_once(context, min(num_drafts, max_new_tokens - emitted), max_ngram, latest, extend, min_ngram)
+        drafts = lookup_once(context, min(num_drafts, max_new_tokens - emitted), max_ngram, latest, extend, min_match)
         good = 0
         while good < len(drafts) and emitted + good < len(output) and drafts[good] == output[emitted + good]:
             good += 1

@@ -187,4 +187,4 @@ class SBDDecoder(BlockDecoder):
         final = jax.lax.while_loop(lambda s: (s.index < self.num_blocks) & ~jnp.all(s.done), block_body, init)
         return DecodeOutput(tokens=final.tokens, num_tokens=final.count, nfe=final.nfe, reveal_pass=final.passes,
                             corrected=jnp.zeros(final.tokens.shape, bool), drafted=zeros, accepted=zeros,
-                            lookup_drafted=zeros, lookup_accepted=zeros)
+                            lookup_drafted=zeros, lookup_accepted=zeros, narrow_passes=zeros)

@@ -72,6 +72,7 @@ class _VerifyState(struct.PyTreeNode):
     lookup_accepted: jax.Array
     sbd_uses: jax.Array  # [B] passes that verified drafts from SBD's block (hybrid's choice reads these)
     lookup_uses: jax.Array  # [B] passes that verified lookup drafts
+    narrow_passes: jax.Array  # [B] passes run as the exact token alone (lookup drafts: no row had drafts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +208,7 @@ class VerifiedSBDDecoder(BlockDecoder):
 
         def lookup_block(history: jax.Array, count: jax.Array, first: jax.Array) -> tuple[jax.Array, jax.Array]:
             """[B, k]: `first` then lookup's drafts after it, and how many drafts (room left permitting)."""
-            found, n = lookup_drafts(history, lens_B + count, k - 1, min_ngram=self.lookup_min_match)
+            found, n = lookup_drafts(history, lens_B + count, k - 1, min_match=self.lookup_min_match)
             return jnp.concatenate([first[:, None], found], axis=1), jnp.minimum(n, self.max_new_tokens - count)
 
         def point_mass(tokens: jax.Array) -> jax.Array:  # [B, k, V] logits of δ at each token
@@ -222,8 +223,11 @@ class VerifiedSBDDecoder(BlockDecoder):
                     params, s.cache, s.pending, s.pending_count, jnp.full((batch, k), mask_id, jnp.int32),
                     causal_logits=True)
                 assert pending_logits is not None  # causal_logits=True returns them
+                narrow = jnp.zeros((batch,), bool)
             else:
-                pending_logits, kv = self.verify_pass(params, s.cache, s.pending, jnp.any(live & (s.pending_count > 1)))
+                wide = jnp.any(live & (s.pending_count > 1))
+                pending_logits, kv = self.verify_pass(params, s.cache, s.pending, wide)
+                narrow = live & ~wide & (k > 1)
             nfe = s.nfe + live
             p_logits = dist(pending_logits)  # [B, k, V]: at j, NTP's distribution of the token after j
             drafts = jnp.concatenate([s.pending[:, 1:], jnp.zeros((batch, 1), jnp.int32)], axis=1)
@@ -288,7 +292,8 @@ class VerifiedSBDDecoder(BlockDecoder):
                     mode="drop"),
                 nfe=nfe, count=count, done=done, drafted=s.drafted + drafted_now, accepted=accepted_sum,
                 lookup_drafted=s.lookup_drafted + jnp.where(s.from_lookup, drafted_now, 0),
-                lookup_accepted=lookup_accepted, sbd_uses=sbd_uses, lookup_uses=lookup_uses)
+                lookup_accepted=lookup_accepted, sbd_uses=sbd_uses, lookup_uses=lookup_uses,
+                narrow_passes=s.narrow_passes + narrow)
 
         zeros = jnp.zeros((batch,), jnp.int32)
         width = self.output_len
@@ -308,9 +313,9 @@ class VerifiedSBDDecoder(BlockDecoder):
                             draft_logits=draft_logits, history=history,
                             record=jnp.zeros((batch, width, 3), jnp.int32), nfe=zeros, count=zeros,
                             done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
-                            lookup_accepted=zeros, sbd_uses=zeros, lookup_uses=zeros)
+                            lookup_accepted=zeros, sbd_uses=zeros, lookup_uses=zeros, narrow_passes=zeros)
         final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
         return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
                             reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
                             drafted=final.drafted, accepted=final.accepted, lookup_drafted=final.lookup_drafted,
-                            lookup_accepted=final.lookup_accepted)
+                            lookup_accepted=final.lookup_accepted, narrow_passes=final.narrow_passes)

@@ -1,0 +1,86 @@
+"""The recipe's headline at one block size, before (or without) the full evaluation: verified decoding of the
+fine-tune with SBD, lookup and hybrid drafts beside the base model's NTP and lookup, on one split.
+
+    python -m recipes.smollm2_sbd.headline --tuned runs/a/train/adapter --data runs/a/data \\
+        --cache recipes/smollm2_sbd/results/cpu_adapter/entries.json --block-size 8 --split test
+
+The full evaluation (`eval.py`) measures these rows too, on HumanEval as well, with every γ and block; on a
+2-core CPU it takes about ten hours. These rows take about 40 minutes at block 8 on the 200 test prompts, and
+they are cached in the same `entries.json` (same keys): the full evaluation reuses them. Every row is compared
+with the *base* model's NTP outputs: a verified row of a gated adapter must equal them exactly (its NTP is
+the base's); a full fine-tune's verified rows equal its own NTP, which is computed too, as `tuned, NTP`.
+Writes `headline.json` beside the cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+from recipes.smollm2_sbd.eval import (
+    VERIFY_GAMMA,
+    Evaluations,
+    Prompt,
+    drafts_setting,
+    load,
+    ntp_setting,
+    sbd_setting,
+    summary,
+)
+from sbd_jax.evaluation.results import provenance, write_json
+
+
+def rows(block_size: int, adapter: bool) -> list[tuple[str, dict]]:
+    """(model, setting) in the order measured. An adapter's NTP (and so its lookup row) is the base's exactly:
+    lookup drafts depend on the context alone, so on the same outputs they are accepted the same."""
+    out = [("base", ntp_setting()), ("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True)),
+           ("tuned", drafts_setting(block_size, "hybrid")), ("base", drafts_setting(block_size, "lookup"))]
+    return out if adapter else out + [("tuned", ntp_setting()), ("tuned", drafts_setting(block_size, "lookup"))]
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base", default="smollm2-135m")
+    parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory or a gated adapter's directory")
+    parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
+    parser.add_argument("--cache", required=True, help="the evaluation's entries.json (shared with eval.py)")
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--split", choices=("valid", "test"), default="test")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=None, help="the split's first N prompts (default: all)")
+    args = parser.parse_args(argv)
+
+    import jax
+
+    from sbd_jax.checkpoints.adapter import CONFIG
+    from sbd_jax.data.jsonl import iter_jsonl
+
+    dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    adapter = os.path.isfile(os.path.join(args.tuned, CONFIG))
+    prompts = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{args.split}.jsonl"))][: args.prompts]
+    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
+    evaluations = Evaluations(args.cache, models, {args.split: prompts}, args.max_new_tokens, args.batch_size)
+    base_ntp = evaluations.get("base", ntp_setting(), args.split)
+    table = []
+    for model, setting in rows(args.block_size, adapter):
+        entry = evaluations.get(model, setting, args.split)
+        table.append(summary(entry, base_ntp) | {"source": setting.get("drafts", "sbd" if setting.get("verify") else None)})
+        write_json(os.path.join(os.path.dirname(args.cache), "headline.json"),
+                   {"provenance": provenance(), "command": "python -m recipes.smollm2_sbd.headline " + " ".join(argv),
+                    "tuned": "gated adapter" if adapter else "full fine-tune", "block_size": args.block_size,
+                    "split": args.split, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                    "reference": "the base model's NTP outputs", "rows": table})
+    print("| model | decoding | tokens/forward | accepted drafts | identical to base NTP |\n|---|---|---|---|---|")
+    for r in table:
+        accepted = "" if r["accepted_fraction"] is None else f"{r['accepted_fraction']:.1%}"
+        print(f"| {r['model']} | {r['mode']} | {r['tokens_per_forward']:.3f} | {accepted} | "
+              f"{r['agreement_with_ntp']:.1%} |")
+
+
+if __name__ == "__main__":
+    from sbd_jax.cli import run_cli
+
+    run_cli(main, sys.argv[1:])
