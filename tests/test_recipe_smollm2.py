@@ -280,3 +280,19 @@ def test_the_recipe_trains_an_adapter_at_ten_times_the_learning_rate(tmp_path):
     assert ADAPTER_LR_SCALE == 10.0 and adapter.optimizer.lr == 10.0 * full.optimizer.lr
     assert (full.adapter.rank, adapter.adapter.rank) == (0, 16)
     assert all(full.objective[k] == v and adapter.objective[k] == v for k, v in OBJECTIVE.items())
+
+
+def test_the_headline_compares_every_row_with_the_base_models_ntp():
+    from recipes.smollm2_sbd.headline import measure
+
+    evaluations = FakeEvaluations()
+    adapter = measure(evaluations, "test", 8, adapter=True)
+    assert [(r["model"], r["mode"], r["block_size"]) for r in adapter] == [
+        ("base", "ntp", 1), ("tuned", "sbd_verified", 8), ("tuned", "verified_hybrid", 8), ("base", "verified_lookup", 8)]
+    assert evaluations.asked[0] == ("base", "ntp", 1, None, "test")  # the reference, asked first
+    assert [r["source"] for r in adapter] == [None, "sbd", "hybrid", "lookup"]
+    assert all(r["agreement_with_ntp"] == 1.0 for r in adapter)  # FakeEvaluations: every decoder emits NTP's output
+    assert adapter[0]["tokens_per_forward"] == 1.0 and adapter[1]["tokens_per_forward"] == 2.0
+    assert adapter[1]["accepted_fraction"] == 2 / 6
+    full = measure(FakeEvaluations(), "test", 8, adapter=False)  # a full fine-tune's own NTP and lookup too
+    assert [(r["model"], r["mode"]) for r in full][4:] == [("tuned", "ntp"), ("tuned", "verified_lookup")]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from recipes.smollm2_sbd.eval import (
     VERIFY_GAMMA,
@@ -38,6 +38,20 @@ def rows(block_size: int, adapter: bool) -> list[tuple[str, dict]]:
     out = [("base", ntp_setting()), ("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True)),
            ("tuned", drafts_setting(block_size, "hybrid")), ("base", drafts_setting(block_size, "lookup"))]
     return out if adapter else out + [("tuned", ntp_setting()), ("tuned", drafts_setting(block_size, "lookup"))]
+
+
+def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool,
+            progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """`rows`, each decoded (or read from the cache) and summarised against the base model's NTP outputs;
+    `progress(rows so far)` after each."""
+    base_ntp = evaluations.get("base", ntp_setting(), split)
+    table: list[dict] = []
+    for model, setting in rows(block_size, adapter):
+        entry = evaluations.get(model, setting, split)
+        table.append(summary(entry, base_ntp) | {"source": setting.get("drafts", "sbd" if setting.get("verify") else None)})
+        if progress:
+            progress(table)
+    return table
 
 
 def main(argv: Sequence[str]) -> None:
@@ -63,16 +77,15 @@ def main(argv: Sequence[str]) -> None:
     prompts = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{args.split}.jsonl"))][: args.prompts]
     models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
     evaluations = Evaluations(args.cache, models, {args.split: prompts}, args.max_new_tokens, args.batch_size)
-    base_ntp = evaluations.get("base", ntp_setting(), args.split)
-    table = []
-    for model, setting in rows(args.block_size, adapter):
-        entry = evaluations.get(model, setting, args.split)
-        table.append(summary(entry, base_ntp) | {"source": setting.get("drafts", "sbd" if setting.get("verify") else None)})
+
+    def write(table: list[dict]) -> None:  # after every row: a run cut short keeps what it measured
         write_json(os.path.join(os.path.dirname(args.cache), "headline.json"),
                    {"provenance": provenance(), "command": "python -m recipes.smollm2_sbd.headline " + " ".join(argv),
                     "tuned": "gated adapter" if adapter else "full fine-tune", "block_size": args.block_size,
                     "split": args.split, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                     "reference": "the base model's NTP outputs", "rows": table})
+
+    table = measure(evaluations, args.split, args.block_size, adapter, write)
     print("| model | decoding | tokens/forward | accepted drafts | identical to base NTP |\n|---|---|---|---|---|")
     for r in table:
         accepted = "" if r["accepted_fraction"] is None else f"{r['accepted_fraction']:.1%}"
