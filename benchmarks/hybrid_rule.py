@@ -5,7 +5,8 @@ nearly always right, lookup's rarely) and a real-text SmolLM2 fine-tune (SBD's d
 
 1. Small-scale model, the study's validation arithmetic problems: SBD, lookup and hybrid drafts at blocks
    4 / 8 / 16 (`benchmarks.lookup_decode.arithmetic_rows`).
-2. `--tuned DIR` (an exported real-text fine-tune, e.g. the draft-training experiment's), the first
+2. `--tuned DIR` (an exported real-text fine-tune, e.g. the draft-training experiment's, or a gated adapter's
+   directory on the base SmolLM2, e.g. the recipe's `WORKDIR/train/adapter`), the first
    `--prompts` validation prompts of `recipes/smollm2_sbd` (never its test prompts), greedy, `--max-new`
    tokens: lookup, hybrid and SBD drafts at blocks 4 / 8; tokens per forward, accepted fraction by source,
    outputs against the model's NTP.
@@ -26,10 +27,12 @@ def real_text_rows(args) -> list[dict]:
     from benchmarks.lookup_decode import decode_rows, draft_source_rows
     from recipes.smollm2_sbd.eval import chat
     from sbd_jax.api import load
+    from sbd_jax.checkpoints.adapter import CONFIG
     from sbd_jax.data.jsonl import iter_jsonl
     from sbd_jax.decoding.settings import Settings
 
-    model = load(args.tuned)
+    adapter = os.path.isfile(os.path.join(args.tuned, CONFIG))
+    model = load(adapter=args.tuned) if adapter else load(args.tuned)
     valid = os.path.join(ROOT, "recipes", "smollm2_sbd", "data", "cpu", "valid.jsonl")
     prompts = [chat(model.tokenizer, row["prompt"]) for _, row in iter_jsonl(valid)][: args.prompts]
     reference = [r.token_ids for r in decode_rows(model, Settings(max_new_tokens=args.max_new), prompts,
@@ -40,7 +43,8 @@ def real_text_rows(args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tuned", required=True, help="an exported real-text SBD fine-tune of SmolLM2")
+    parser.add_argument("--tuned", required=True, help="an exported real-text SBD fine-tune of SmolLM2, or a "
+                        "gated adapter's directory (on the base SmolLM2)")
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-new", type=int, default=128)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])

@@ -162,11 +162,18 @@ def test_the_calibration_counts_one_token_passes_for_lookup_only():
     assert calibrate(holder, PROMPTS, (8,), 24, batch=1, drafts="sbd").narrow_share == {8: 0.0}
 
 
-def test_hybrid_prefers_the_source_whose_drafts_were_kept_more_often_per_pass():
-    # (sbd kept, sbd passes, lookup kept, lookup passes) -> SBD's block preferred?
-    cases = {(0, 0, 0, 0): True,  # neither tried: SBD's block (its pass is paid for in hybrid anyway)
+def test_hybrid_prefers_the_source_whose_drafts_were_kept_more_per_pass_spent():
+    # (sbd kept, sbd passes spent, lookup kept, lookup passes) -> SBD's block preferred? (8 prior passes each)
+    cases = {(0, 0, 0, 0): True,  # neither tried: SBD's block (lookup's rejected drafts would lose it)
              (0, 5, 5, 5): False, (1, 9, 3, 4): False,  # poor SBD drafts (real text): lookup
              (35, 5, 1, 10): True, (7, 1, 0, 0): True,  # SBD drafts kept whole (the small-scale model)
-             (2, 2, 2, 2): True, (2, 3, 2, 2): False}
+             (2, 2, 2, 2): True, (2, 3, 2, 2): False,
+             # 30 SBD drafts kept over 40 passes, 30 of which rejected one, against lookup's 25 over 40: SBD
+             # where its block holds (0.75 a pass against 0.62); where it does not, it needs a draftless pass
+             # after each rejection first (30 over 70): lookup
+             (30, 40, 25, 40): True, (30, 40 + 30, 25, 40): False,
+             # lookup unlucky on its first two passes (0 kept) is tried again against SBD's 17 over 37: the
+             # prior keeps one or two passes from settling the choice for the rest of the answer
+             (17, 37, 0, 2): False}
     for (sk, su, lk, lu), expected in cases.items():
         assert bool(sbd_preferred(jnp.array(sk), jnp.array(su), jnp.array(lk), jnp.array(lu))) == expected

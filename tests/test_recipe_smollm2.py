@@ -162,6 +162,23 @@ def test_cached_entries_are_keyed_by_the_exact_weights(tmp_path):
     assert key(dict(weights, a=weights["a"].reshape(3, 2))) != key(weights)  # same bytes, other shape
 
 
+def test_cached_hybrid_entries_are_keyed_by_the_rule_that_chose_their_drafts(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    import sbd_jax.decoding.verified as verified
+    from recipes.smollm2_sbd.eval import Evaluations, Prompt, drafts_setting
+
+    models = {"tuned": SimpleNamespace(params={"a": np.zeros(2, np.float32)})}
+    evaluations = Evaluations(str(tmp_path / "e.json"), models, {"valid": [Prompt("q")]}, 8, 1)
+    hybrid, lookup = evaluations.key("tuned", drafts_setting(8, "hybrid"), "valid"), \
+        evaluations.key("tuned", drafts_setting(8, "lookup"), "valid")
+    monkeypatch.setattr(verified, "HYBRID_RULE", "another rule")
+    assert evaluations.key("tuned", drafts_setting(8, "hybrid"), "valid") != hybrid  # greedy outputs alike, forwards not
+    assert evaluations.key("tuned", drafts_setting(8, "lookup"), "valid") == lookup  # lookup has no rule to change
+
+
 def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_the_same_settings(tmp_path, monkeypatch):
     from recipes.smollm2_sbd import run
 

@@ -49,8 +49,13 @@ def ntp_setting() -> dict:
 
 
 def drafts_setting(block_size: int, drafts: str) -> dict:
-    """Verified decoding with lookup or hybrid drafts (`sbd_jax.decoding.lookup`); lookup needs no fine-tune."""
-    return dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True, drafts=drafts)
+    """Verified decoding with lookup or hybrid drafts (`sbd_jax.decoding.lookup`); lookup needs no fine-tune.
+    Hybrid's setting names the rule that chooses between the sources, so results of another rule are not reused."""
+    from sbd_jax.decoding.verified import HYBRID_RULE
+
+    rule = {"hybrid_rule": HYBRID_RULE} if drafts == "hybrid" else {}
+    return dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True, drafts=drafts,
+                **rule)
 
 
 def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
@@ -81,7 +86,8 @@ class Evaluations:
 
     def key(self, model: str, setting: dict, split: str) -> str:
         return (f"{model}@{self.fingerprints[model]}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|"
-                f"{split}|{len(self.splits[split])}|{self.max_new_tokens}")
+                f"{split}|{len(self.splits[split])}|{self.max_new_tokens}"
+                + (f"|hybrid rule: {setting['hybrid_rule']}" if "hybrid_rule" in setting else ""))
 
     def get(self, model: str, setting: dict, split: str) -> dict:
         from sbd_jax.evaluation.measure import decode

@@ -27,6 +27,10 @@ from sbd_jax.model.kv_cache import KVCache, append
 from sbd_jax.model.transformer import NewKV, Transformer, forward
 
 DRAFT_SOURCES = ("sbd", "lookup", "hybrid")
+# Names `sbd_preferred`'s rule; change it with the rule: cached hybrid results are keyed by it (greedy outputs
+# do not change with the rule, the forwards they took do).
+HYBRID_RULE = "kept per pass spent, 8 prior passes"
+PRIOR_PASSES = 8  # chosen on validation prompts (`benchmarks/hybrid_rule.py`): 4, 8, 16 gave 1.597, 1.612, 1.618
 
 
 def check_draft_source(drafts: str) -> None:
@@ -45,12 +49,15 @@ def check_lookup_min_match(min_match: int, drafts: str) -> None:
                         "or 'hybrid' (--drafts)")
 
 
-def sbd_preferred(sbd_accepted: jax.Array, sbd_uses: jax.Array, lookup_accepted: jax.Array,
-                  lookup_uses: jax.Array) -> jax.Array:
-    """Hybrid's choice, per row: SBD's block has had at least as many drafts kept per pass that verified
-    it as lookup's drafts per pass of theirs, each mean starting from one imagined pass with one kept
-    draft (so that a source is tried before it is judged, and a few passes decide)."""
-    return (sbd_accepted + 1) * (lookup_uses + 1) >= (lookup_accepted + 1) * (sbd_uses + 1)
+def sbd_preferred(sbd_kept: jax.Array, sbd_passes: jax.Array, lookup_kept: jax.Array,
+                  lookup_passes: jax.Array) -> jax.Array:
+    """Hybrid's choice, per row, where lookup has a match: SBD's block if its drafts have been kept at
+    least as often per pass spent on them (`sbd_passes`) as lookup's per pass that verified them. Each mean
+    starts from `PRIOR_PASSES` imagined passes that kept one draft each: a source that loses the choice is
+    not tried again until the other's mean falls below it, so a mean must not rest on one or two unlucky
+    passes. A tie goes to SBD, whose block would be lost if lookup's drafts were rejected."""
+    return ((sbd_kept + PRIOR_PASSES) * (lookup_passes + PRIOR_PASSES)
+            >= (lookup_kept + PRIOR_PASSES) * (sbd_passes + PRIOR_PASSES))
 
 
 class _VerifyState(struct.PyTreeNode):
@@ -71,6 +78,7 @@ class _VerifyState(struct.PyTreeNode):
     lookup_drafted: jax.Array
     lookup_accepted: jax.Array
     sbd_uses: jax.Array  # [B] passes that verified drafts from SBD's block (hybrid's choice reads these)
+    sbd_rejections: jax.Array  # [B] of those, the passes that rejected one of its drafts
     lookup_uses: jax.Array  # [B] passes that verified lookup drafts
     narrow_passes: jax.Array  # [B] passes run as the exact token alone (lookup drafts: no row had drafts)
 
@@ -95,14 +103,16 @@ class VerifiedSBDDecoder(BlockDecoder):
       2 only where the last two do: fewer passes carry drafts, more of those are kept, and at batch 1 the
       others are one-token passes, which is faster where a wide pass costs much more than a narrow one
       (`benchmarks/lookup_decode.py` measures both).
-    - `hybrid`: both, per block (2k-token pass): each row keeps the mean number of drafts kept per pass
-      for each source and proposes lookup's drafts where the context has a match, unless SBD's mean is at
-      least lookup's (`sbd_preferred`); then SBD's block where it holds (every draft of the previous block
-      accepted) and, after a rejection, no drafts, so that the next pass's block holds. Where lookup has
-      no match, SBD's block if it holds. Fixed orders each lose where the other source is better: SBD's
-      block first fell to SBD's 1.09 tokens per forward on real text where its drafts are poor, lookup
-      first to 1.47 at block 8 on the small-scale model, where lookup matches almost every block, its
-      drafts are 5% right and SBD's ~100% (`benchmarks/results/lookup_decode_cpu.json`).
+    - `hybrid`: both, per block (2k-token pass): where lookup has no match, SBD's block if it holds (every
+      draft of the previous block accepted). Where it has one, each row weighs the drafts each source has
+      had kept per pass spent on it (`sbd_preferred`) and takes lookup's drafts unless SBD's are kept at
+      least as often. Where SBD's block holds, its passes spent are those that verified it; where it does
+      not, taking SBD means a pass without drafts first (so that the next block holds), so each pass that
+      rejected one of its drafts counts twice. Fixed orders each lose where the other source is better:
+      SBD's block first fell to SBD's 1.09 tokens per forward on real text where its drafts are poor, lookup
+      first to 1.47 at block 8 on the small-scale model, where lookup matches almost every block, its drafts
+      are 5% right and SBD's ~100%; this rule matches SBD alone there and beats lookup alone on real text
+      (`benchmarks/results/hybrid_rule_cpu.json`).
     Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
     shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
     """
@@ -268,14 +278,19 @@ class VerifiedSBDDecoder(BlockDecoder):
             lookup_accepted = s.lookup_accepted + jnp.where(s.from_lookup, accepted_now, 0)
             verified_drafts = live & (s.pending_count > 1)
             sbd_uses = s.sbd_uses + (verified_drafts & ~s.from_lookup)
+            sbd_rejections = s.sbd_rejections + (verified_drafts & ~s.from_lookup & (accepted < s.pending_count - 1))
             lookup_uses = s.lookup_uses + (verified_drafts & s.from_lookup)
             history = s.history
             if lookup:
                 history = history.at[rows, (lens_B + s.count)[:, None] + j].set(emitted, mode="drop")
                 found, n = lookup_block(history, count, next_token)
                 from_lookup = (n > 0) & ~done
-                if masked:  # hybrid: lookup's match unless SBD's drafts have been kept more often
-                    from_lookup &= ~sbd_preferred(accepted_sum - lookup_accepted, sbd_uses, lookup_accepted,
+                if masked:
+                    # Hybrid: lookup's match unless SBD's drafts have been kept more per pass spent on them. Where
+                    # this pass's block holds, that is per pass that verified them; where it does not, SBD's
+                    # drafts need a pass without drafts first, so each pass that rejected one counts twice.
+                    sbd_passes = sbd_uses + jnp.where(whole, 0, sbd_rejections)
+                    from_lookup &= ~sbd_preferred(accepted_sum - lookup_accepted, sbd_passes, lookup_accepted,
                                                   lookup_uses)
                 pending = jnp.where(from_lookup[:, None], found, pending)
                 pending_count = jnp.where(from_lookup, 1 + n, pending_count)
@@ -292,7 +307,8 @@ class VerifiedSBDDecoder(BlockDecoder):
                     mode="drop"),
                 nfe=nfe, count=count, done=done, drafted=s.drafted + drafted_now, accepted=accepted_sum,
                 lookup_drafted=s.lookup_drafted + jnp.where(s.from_lookup, drafted_now, 0),
-                lookup_accepted=lookup_accepted, sbd_uses=sbd_uses, lookup_uses=lookup_uses,
+                lookup_accepted=lookup_accepted, sbd_uses=sbd_uses, sbd_rejections=sbd_rejections,
+                lookup_uses=lookup_uses,
                 narrow_passes=s.narrow_passes + narrow)
 
         zeros = jnp.zeros((batch,), jnp.int32)
@@ -313,7 +329,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                             draft_logits=draft_logits, history=history,
                             record=jnp.zeros((batch, width, 3), jnp.int32), nfe=zeros, count=zeros,
                             done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
-                            lookup_accepted=zeros, sbd_uses=zeros, lookup_uses=zeros, narrow_passes=zeros)
+                            lookup_accepted=zeros, sbd_uses=zeros, sbd_rejections=zeros, lookup_uses=zeros, narrow_passes=zeros)
         final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
         return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
                             reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
