@@ -32,7 +32,7 @@ Files with many changes are candidates to re-run. What each benchmark measures:
 
 """
 RESULT_GLOBS = ("benchmarks/results/*.json", "experiments/*/results.json", "recipes/*/results.json",
-                "recipes/*/results/*/results.json", "recipes/*/results/*/headline.json")
+                "recipes/*/results/*/results.json", "recipes/*/results/*/headline_*.json")
 
 
 def git(*args: str) -> str:

@@ -1,5 +1,6 @@
 """The recipe's headline at one block size, before (or without) the full evaluation: verified decoding of the
-fine-tune with SBD, lookup and hybrid drafts beside the base model's NTP and lookup, on one split.
+fine-tune with SBD, lookup and hybrid drafts beside the base model's NTP and lookup, on one split (the
+validation or test prompts, or HumanEval).
 
     python -m recipes.smollm2_sbd.headline --tuned runs/a/train/adapter --data runs/a/data \\
         --cache recipes/smollm2_sbd/results/cpu_adapter/entries.json --block-size 8 --split test
@@ -9,7 +10,7 @@ The full evaluation (`eval.py`) measures these rows too, on HumanEval as well, w
 they are cached in the same `entries.json` (same keys): the full evaluation reuses them. Every row is compared
 with the *base* model's NTP outputs: a verified row of a gated adapter must equal them exactly (its NTP is
 the base's); a full fine-tune's verified rows equal its own NTP, which is computed too, as `tuned, NTP`.
-Writes `headline.json` beside the cache.
+Writes `headline_SPLIT.json` beside the cache.
 """
 
 from __future__ import annotations
@@ -61,25 +62,30 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
     parser.add_argument("--cache", required=True, help="the evaluation's entries.json (shared with eval.py)")
     parser.add_argument("--block-size", type=int, default=8)
-    parser.add_argument("--split", choices=("valid", "test"), default="test")
+    parser.add_argument("--split", choices=("valid", "test", "humaneval"), default="test")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--prompts", type=int, default=None, help="the split's first N prompts (default: all)")
+    parser.add_argument("--prompts", type=int, default=None, help="the split's first N prompts or problems "
+                        "(default: all)")
     args = parser.parse_args(argv)
 
     import jax
 
+    from recipes.smollm2_sbd.humaneval import INSTRUCTION, problems
     from sbd_jax.checkpoints.adapter import CONFIG
     from sbd_jax.data.jsonl import iter_jsonl
 
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     adapter = os.path.isfile(os.path.join(args.tuned, CONFIG))
-    prompts = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{args.split}.jsonl"))][: args.prompts]
+    if args.split == "humaneval":  # the evaluation's prompts, so that its entries are shared
+        prompts = [Prompt(INSTRUCTION.format(prompt=p["prompt"])) for p in problems(args.prompts)]
+    else:
+        prompts = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{args.split}.jsonl"))][: args.prompts]
     models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
     evaluations = Evaluations(args.cache, models, {args.split: prompts}, args.max_new_tokens, args.batch_size)
 
     def write(table: list[dict]) -> None:  # after every row: a run cut short keeps what it measured
-        write_json(os.path.join(os.path.dirname(args.cache), "headline.json"),
+        write_json(os.path.join(os.path.dirname(args.cache), f"headline_{args.split}.json"),
                    {"provenance": provenance(), "command": "python -m recipes.smollm2_sbd.headline " + " ".join(argv),
                     "tuned": "gated adapter" if adapter else "full fine-tune", "block_size": args.block_size,
                     "split": args.split, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
