@@ -3,7 +3,8 @@
     python -m experiments.draft_training.plot      # results.json -> results.png, beside this file
 
 Left: verified tokens per forward at block 8 with SBD drafts (the rule's measure) at each measured point,
-x = steps x the arm's own seconds per step; black squares: the winner's long run (`long_run.py`). Right: the chance draft 1 is right (block 8, teacher-forced).
+x = steps x the arm's own seconds per step; black squares: the winner's long run (`long_run.py`).
+Right: the chance draft 1 is right (block 8, teacher-forced).
 The dashed line is verified decoding with prompt-lookup drafts (no training) on the same 24 validation
 prompts, from `benchmarks/results/hybrid_rule_cpu.json` (measured with the recipe's gated adapter, whose NTP
 outputs are the base model's; lookup reads only the model's own NTP output, which every full fine-tune barely
@@ -42,7 +43,8 @@ def plot(results: dict, out: str) -> None:
         minutes = [p["step"] * run["seconds_per_step"] / 60 for p in run["points"]]
         for axis, values in ((left, [p["verified_sbd_8"] for p in run["points"]]),
                              (right, [100 * p["acceptance_8"][0] for p in run["points"]])):
-            axis.plot(minutes, values, marker="s", color="black", label=f"long run (adapter_lr10, {run['steps']} steps)")
+            axis.plot(minutes, values, marker="s", color="black",
+                      label=f"long run (adapter_lr10, {run['steps']} steps)")
     left.axhline(lookup_tokens_per_forward(8), color="gray", linestyle="--", label="lookup drafts (no training)")
     left.axhline(1.0, color="black", linewidth=0.5)
     left.set(xlabel="CPU minutes of training", ylabel="verified tokens per forward, block 8",

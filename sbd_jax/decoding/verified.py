@@ -329,7 +329,8 @@ class VerifiedSBDDecoder(BlockDecoder):
                             draft_logits=draft_logits, history=history,
                             record=jnp.zeros((batch, width, 3), jnp.int32), nfe=zeros, count=zeros,
                             done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
-                            lookup_accepted=zeros, sbd_uses=zeros, sbd_rejections=zeros, lookup_uses=zeros, narrow_passes=zeros)
+                            lookup_accepted=zeros, sbd_uses=zeros, sbd_rejections=zeros, lookup_uses=zeros,
+                            narrow_passes=zeros)
         final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
         return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
                             reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
