@@ -71,6 +71,13 @@ def chat(tokenizer: Any, question: str) -> list[int]:
 
 
 
+def humaneval_prompts(tasks: list[dict]) -> list[Prompt]:
+    """HumanEval problems as the evaluation asks them (its entries are keyed by these prompts' count)."""
+    from recipes.smollm2_sbd.humaneval import INSTRUCTION
+
+    return [Prompt(INSTRUCTION.format(prompt=p["prompt"])) for p in tasks]
+
+
 class Evaluations:
     """Decodes (model, setting, split) once; per-prompt outputs are cached in a JSON file, keyed by the
     weights' fingerprint too: a retrained model reuses them only if its weights are bit-identical."""
@@ -277,7 +284,7 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
 
     import jax
 
-    from recipes.smollm2_sbd.humaneval import INSTRUCTION, problems
+    from recipes.smollm2_sbd.humaneval import problems
     from recipes.smollm2_sbd.prompts import heldout_source_files
     from sbd_jax.data.jsonl import iter_jsonl
 
@@ -285,7 +292,7 @@ def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | N
     tasks = problems(args.problems)
     splits = {split: [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{split}.jsonl"))]
               for split in ("valid", "test")}
-    splits["humaneval"] = [Prompt(INSTRUCTION.format(prompt=p["prompt"])) for p in tasks]
+    splits["humaneval"] = humaneval_prompts(tasks)
     # Scanned layers compile each decoder in a fraction of the time (accuracy runs); unrolled for speed.
     models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
     began = time.perf_counter()

@@ -25,6 +25,7 @@ from recipes.smollm2_sbd.eval import (
     Evaluations,
     Prompt,
     drafts_setting,
+    humaneval_prompts,
     load,
     ntp_setting,
     sbd_setting,
@@ -71,14 +72,14 @@ def main(argv: Sequence[str]) -> None:
 
     import jax
 
-    from recipes.smollm2_sbd.humaneval import INSTRUCTION, problems
+    from recipes.smollm2_sbd.humaneval import problems
     from sbd_jax.checkpoints.adapter import CONFIG
     from sbd_jax.data.jsonl import iter_jsonl
 
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     adapter = os.path.isfile(os.path.join(args.tuned, CONFIG))
     if args.split == "humaneval":  # the evaluation's prompts, so that its entries are shared
-        prompts = [Prompt(INSTRUCTION.format(prompt=p["prompt"])) for p in problems(args.prompts)]
+        prompts = humaneval_prompts(problems(args.prompts))
     else:
         prompts = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{args.split}.jsonl"))][: args.prompts]
     models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}

@@ -29,8 +29,8 @@ from sbd_jax.model.transformer import NewKV, Transformer, forward
 DRAFT_SOURCES = ("sbd", "lookup", "hybrid")
 # Names `sbd_preferred`'s rule; change it with the rule: cached hybrid results are keyed by it (greedy outputs
 # do not change with the rule, the forwards they took do).
-HYBRID_RULE = "kept per pass spent, 8 prior passes"
 PRIOR_PASSES = 8  # chosen on validation prompts (`benchmarks/hybrid_rule.py`): 4, 8, 16 gave 1.597, 1.612, 1.618
+HYBRID_RULE = f"kept per pass spent, {PRIOR_PASSES} prior passes"
 
 
 def check_draft_source(drafts: str) -> None:
