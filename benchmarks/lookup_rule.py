@@ -35,12 +35,12 @@ BLOCK_SIZES = (4, 8, 16)
 
 def split_prompts(tokenizer, split: str, count: int) -> list[list[int]]:
     """The chat-encoded prompts of a split, as the recipe's evaluation encoded them."""
-    from recipes.smollm2_sbd.eval import chat
-    from recipes.smollm2_sbd.humaneval import INSTRUCTION, problems
+    from recipes.smollm2_sbd.eval import chat, humaneval_prompts
+    from recipes.smollm2_sbd.humaneval import problems
     from sbd_jax.data.jsonl import iter_jsonl
 
     if split == "humaneval":
-        texts = [INSTRUCTION.format(prompt=p["prompt"]) for p in problems(count)]
+        texts = [p.question for p in humaneval_prompts(problems(count))]
     else:
         texts = [row["prompt"] for _, row in iter_jsonl(os.path.join(DATA, f"{split}.jsonl"))][:count]
     return [chat(tokenizer, t) for t in texts]
@@ -82,12 +82,13 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(resolve("smollm2-135m"))
     rules = [dict(max_ngram=n, latest=latest, extend=extend)
              for n, latest, extend in itertools.product((1, 2, 3, 4), (True, False), (False, True))]
-    rows = []
+    rows, encoded = [], {}  # (model, split) -> (prompts, NTP outputs)
     for model, split in itertools.product(("tuned", "base"), ("valid", "test", "humaneval")):
         outputs = ntp_outputs(entries, model, split)
         if outputs is None:
             continue
         prompts = split_prompts(tokenizer, split, len(outputs))
+        encoded[model, split] = prompts, outputs
         for rule, k in itertools.product(rules, BLOCK_SIZES):
             row = {"model": model, "split": split, "block_size": k, **rule,
                    **replay(prompts, outputs, k, args.max_new_tokens, **rule)}
@@ -102,8 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
     # time(k)/time(1) from benchmarks/lookup_decode.py): most predicted batch-1 speed on validation.
     with open(os.path.join(ROOT, "benchmarks", "results", "lookup_decode_cpu.json")) as f:
         cost = {int(k): v for k, v in json.load(f)["smollm2_base"]["forward_cost_ratio_cpu"].items()}
-    outputs = ntp_outputs(entries, "tuned", "valid")
-    prompts = split_prompts(tokenizer, "valid", len(outputs))
+    prompts, outputs = encoded["tuned", "valid"]
     match_rows = []
     for min_match, k in itertools.product(range(1, chosen["max_ngram"] + 1), BLOCK_SIZES):
         row = {"min_match": min_match, "block_size": k, **replay(prompts, outputs, k, args.max_new_tokens, **chosen,

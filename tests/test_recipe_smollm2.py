@@ -306,7 +306,8 @@ def test_the_headline_compares_every_row_with_the_base_models_ntp():
     adapter = measure(evaluations, "test", 8, adapter=True)
     assert [(r["model"], r["mode"], r["block_size"]) for r in adapter] == [
         ("base", "ntp", 1), ("tuned", "sbd_verified", 8), ("tuned", "verified_hybrid", 8), ("base", "verified_lookup", 8)]
-    assert evaluations.asked[0] == ("base", "ntp", 1, None, "test")  # the reference, asked first
+    assert evaluations.asked[0] == ("base", "ntp", 1, None, "test")  # the reference, asked first and once
+    assert evaluations.asked.count(evaluations.asked[0]) == 1
     assert [r["source"] for r in adapter] == [None, "sbd", "hybrid", "lookup"]
     assert all(r["agreement_with_ntp"] == 1.0 for r in adapter)  # FakeEvaluations: every decoder emits NTP's output
     assert adapter[0]["tokens_per_forward"] == 1.0 and adapter[1]["tokens_per_forward"] == 2.0

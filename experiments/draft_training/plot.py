@@ -3,7 +3,7 @@
     python -m experiments.draft_training.plot      # results.json -> results.png, beside this file
 
 Left: verified tokens per forward at block 8 with SBD drafts (the rule's measure) at each measured point,
-x = steps x the arm's own seconds per step; black squares: the winner's long run (`long_run.py`).
+x = steps x the arm's own seconds per step; black: the winner's long runs (`long_run.py`).
 Right: the chance draft 1 is right (block 8, teacher-forced).
 The dashed line is verified decoding with prompt-lookup drafts (no training) on the same 24 validation
 prompts, from `benchmarks/results/hybrid_rule_cpu.json` (measured with the recipe's gated adapter, whose NTP
@@ -38,13 +38,12 @@ def plot(results: dict, out: str) -> None:
         minutes = [p["step"] * arm["seconds_per_step"] / 60 for p in arm["points"]]
         left.plot(minutes, [p["verified_sbd_8"] for p in arm["points"]], marker="o", label=name)
         right.plot(minutes, [100 * p["acceptance_8"][0] for p in arm["points"]], marker="o", label=name)
-    if "long_run" in results:  # the winner's long run (long_run.py)
-        run = results["long_run"]
+    for (name, run), marker in zip(results.get("long_runs", {}).items(), "sD^v"):  # the winner's (long_run.py)
         minutes = [p["step"] * run["seconds_per_step"] / 60 for p in run["points"]]
         for axis, values in ((left, [p["verified_sbd_8"] for p in run["points"]]),
                              (right, [100 * p["acceptance_8"][0] for p in run["points"]])):
-            axis.plot(minutes, values, marker="s", color="black",
-                      label=f"long run (adapter_lr10, {run['steps']} steps)")
+            axis.plot(minutes, values, marker=marker, color="black",
+                      label=f"long run {name} (adapter_lr10, {run['steps']} steps)")
     left.axhline(lookup_tokens_per_forward(8), color="gray", linestyle="--", label="lookup drafts (no training)")
     left.axhline(1.0, color="black", linewidth=0.5)
     left.set(xlabel="CPU minutes of training", ylabel="verified tokens per forward, block 8",

@@ -70,7 +70,6 @@ def chat(tokenizer: Any, question: str) -> list[int]:
     return encode_prompt(tokenizer, question, chat=True)
 
 
-
 def humaneval_prompts(tasks: list[dict]) -> list[Prompt]:
     """HumanEval problems as the evaluation asks them (its entries are keyed by these prompts' count)."""
     from recipes.smollm2_sbd.humaneval import INSTRUCTION

@@ -35,9 +35,10 @@ from sbd_jax.evaluation.results import provenance, write_json
 
 
 def rows(block_size: int, adapter: bool) -> list[tuple[str, dict]]:
-    """(model, setting) in the order measured. An adapter's NTP (and so its lookup row) is the base's exactly:
-    lookup drafts depend on the context alone, so on the same outputs they are accepted the same."""
-    out = [("base", ntp_setting()), ("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True)),
+    """(model, setting) in the order measured after the base model's NTP (the reference). An adapter's NTP (and
+    so its lookup row) is the base's exactly: lookup drafts depend on the context alone, so on the same outputs
+    they are accepted the same."""
+    out = [("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True)),
            ("tuned", drafts_setting(block_size, "hybrid")), ("base", drafts_setting(block_size, "lookup"))]
     return out if adapter else out + [("tuned", ntp_setting()), ("tuned", drafts_setting(block_size, "lookup"))]
 
@@ -47,7 +48,7 @@ def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool
     """`rows`, each decoded (or read from the cache) and summarised against the base model's NTP outputs;
     `progress(rows so far)` after each."""
     base_ntp = evaluations.get("base", ntp_setting(), split)
-    table: list[dict] = []
+    table = [summary(base_ntp, base_ntp) | {"source": None}]
     for model, setting in rows(block_size, adapter):
         entry = evaluations.get(model, setting, split)
         table.append(summary(entry, base_ntp) | {"source": setting.get("drafts", "sbd" if setting.get("verify") else None)})

@@ -252,12 +252,14 @@ def main(argv: list[str]) -> None:
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     data, train_dir = os.path.join(args.workdir, "data"), os.path.join(args.workdir, "train")
     objective = {} if args.paper_objective else OBJECTIVE
-    variant = "_paper_objective" * args.paper_objective + "_adapter" * bool(args.adapter_rank)
+    variant = ("_paper_objective" * args.paper_objective + "_adapter" * bool(args.adapter_rank)
+               + f"_{args.steps}steps" * bool(args.steps))  # another run: its own results folder
     out = args.results or (os.path.join(args.workdir, "results") if args.smoke else
                            os.path.join(HERE, "results", preset + variant))
     os.makedirs(out, exist_ok=True)
     command = ("python -m recipes.smollm2_sbd.run --workdir WORKDIR" + {"gpu": "", "cpu": " --cpu", "smoke": " --smoke"}[preset]
-               + " --paper-objective" * args.paper_objective + f" --adapter-rank {args.adapter_rank}" * bool(args.adapter_rank))
+               + " --paper-objective" * args.paper_objective + f" --adapter-rank {args.adapter_rank}" * bool(args.adapter_rank)
+               + f" --steps {args.steps}" * bool(args.steps))
     results = {"provenance": provenance(), "preset": preset, "command": command, "sizes": sizes, "dtype": dtype,
                "objective": objective, "adapter_rank": args.adapter_rank,
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0]}, jax {jax.__version__}"}
@@ -294,7 +296,7 @@ def main(argv: list[str]) -> None:
     if os.path.exists(earlier):
         with open(earlier) as f:
             previous = json.load(f)
-        if previous.get("preset") == preset:
+        if previous.get("command") == command:  # the same run, not another written to the same folder
             made_at = previous["provenance"]["commit"]
             for stage in ("train", "trend", "evaluation"):
                 if stage in previous:
