@@ -10,7 +10,8 @@ and wall clock against NTP in one run.
    tokens per forward against the replay of the same rule on them (`sbd_jax.decoding.lookup.replay_lookup`).
 2. Wall clock at batch 1 and 8 on test prompts: NTP and lookup at blocks 4 / 8 / 16, drafting from a match
    of at least 1 and at least 2 tokens (`lookup_min_match`; passes without drafts run one token), decode
-   seconds (compile and prefill apart), outputs checked against NTP's, time(k)/time(1) of a bare forward.
+   seconds (compile and prefill apart), outputs checked against NTP's, time(k)/time(1) of a bare forward,
+   and what `--block-size auto` picks at each batch against the fastest block measured.
 3. The shipped small-scale SBD model on the study's validation arithmetic problems: SBD, lookup and hybrid drafts at
    blocks 4 / 8 / 16 (tokens per forward; output against NTP).
 """
@@ -104,8 +105,28 @@ def speed_rows(model, args) -> dict:
     for row in rows:
         ntp = next(r for r in rows if r["batch"] == row["batch"] and r["decoder"] == "ntp")
         row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
-    return {"speed": rows,
+    return {"speed": rows, "auto_choice": auto_choice_rows(model, test, rows, args),
             "forward_cost_ratio_cpu": {k: forward_cost_ratio(model, k, context=256, calls=20) for k in args.block_sizes}}
+
+
+def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
+    """What `--block-size auto` picks for lookup drafts at each batch and shortest match (calibrated on the same
+    prompts as timed, 64 tokens), against the fastest block this run measured (NTP counts as block 1)."""
+    from sbd_jax.decoding.block_choice import measure_block_choice
+
+    out = []
+    for batch, n in ((1, args.batch1_prompts), (8, 16)):
+        for m in args.min_matches:
+            choice = measure_block_choice(model, test[:n], batch, args.block_sizes, 256, drafts="lookup",
+                                          lookup_min_match=m)
+            speed = {1: 1.0, **{k: r["vs_ntp"] for k in args.block_sizes for r in rows
+                                if r["batch"] == batch and r["decoder"] == f"lookup k={k} min match {m}"}}
+            fastest = max(speed, key=speed.get)
+            out.append({"batch": batch, "min_match": m, "picked": choice.block_size, "described": choice.describe(),
+                        "fastest_measured": fastest, "picked_vs_ntp": speed[choice.block_size],
+                        "picked_vs_fastest": speed[choice.block_size] / speed[fastest]})
+            print(out[-1], flush=True)
+    return out
 
 
 def arithmetic_rows(args) -> list[dict]:

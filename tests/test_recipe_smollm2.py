@@ -215,6 +215,13 @@ def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_th
         tmp_path / "r" / "results.md").read_text()
     assert "| 50 | 1.14 | 1.09 | 0.0% |" in (tmp_path / "r" / "results.md").read_text()
 
+    # Another run (other steps) written to the same folder carries nothing of this one's, and its command says so.
+    run.main(["--workdir", str(tmp_path / "w"), "--cpu", "--steps", "300", "--stop-after", "distill",
+              "--results", str(tmp_path / "r")])
+    other = json.load(open(tmp_path / "r" / "results.json"))
+    assert "trend" not in other and "earlier_stages" not in other
+    assert other["command"].endswith("--cpu --steps 300") and other["sizes"]["steps"] == 300
+
 
 @requires_smollm2
 @pytest.mark.slow
