@@ -27,6 +27,7 @@ from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK_SIZES = (4, 8, 16)
+MAX_NEW_TOKENS = 256  # as the committed entries the exactness part compares with
 PARTS = ("arithmetic", "exactness", "speed")
 
 
@@ -70,8 +71,8 @@ def exactness_rows(model, args) -> list[dict]:
         prompts = split_prompts(model.tokenizer, split, len(reference))
         for k in args.block_sizes:
             began = time.perf_counter()
-            results, _ = decode_rows(model, verified("lookup", k, 256), prompts, args.batch)
-            replayed = [replay_lookup(p, o, k - 1, 256) for p, o in zip(prompts, reference)]
+            results, _ = decode_rows(model, verified("lookup", k, MAX_NEW_TOKENS), prompts, args.batch)
+            replayed = [replay_lookup(p, o, k - 1, MAX_NEW_TOKENS) for p, o in zip(prompts, reference)]
             row = {"split": split, "prompts": len(prompts), "block_size": k, **summary(results),
                    "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference)),
                    "replayed_tokens_per_forward": sum(map(len, reference)) / sum(r.forwards for r in replayed),
@@ -90,10 +91,10 @@ def speed_rows(model, args) -> dict:
 
     test = split_prompts(model.tokenizer, "test", 16)
     rows: list[dict] = []
-    for batch, n in ((1, args.batch1_prompts), (8, 16)):
+    for batch, n in speed_batches(args):
         ntp_outputs = None
-        for name, settings in [("ntp", Settings(max_new_tokens=256)),
-                               *((f"lookup k={k} min match {m}", verified("lookup", k, 256, m))
+        for name, settings in [("ntp", Settings(max_new_tokens=MAX_NEW_TOKENS)),
+                               *((lookup_name(k, m), verified("lookup", k, MAX_NEW_TOKENS, m))
                                  for k in args.block_sizes for m in args.min_matches)]:
             decode_rows(model, settings, test[:batch], batch)  # compile (and warm) apart from the timed run
             results, timing = decode_rows(model, settings, test[:n], batch)
@@ -109,18 +110,27 @@ def speed_rows(model, args) -> dict:
             "forward_cost_ratio_cpu": {k: forward_cost_ratio(model, k, context=256, calls=20) for k in args.block_sizes}}
 
 
+def speed_batches(args) -> tuple[tuple[int, int], ...]:
+    """(batch, prompts decoded) of the speed part."""
+    return (1, args.batch1_prompts), (8, 16)
+
+
+def lookup_name(k: int, min_match: int) -> str:
+    return f"lookup k={k} min match {min_match}"
+
+
 def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
     """What `--block-size auto` picks for lookup drafts at each batch and shortest match (calibrated on the same
     prompts as timed, 64 tokens), against the fastest block this run measured (NTP counts as block 1)."""
     from sbd_jax.decoding.block_choice import measure_block_choice
 
     out = []
-    for batch, n in ((1, args.batch1_prompts), (8, 16)):
+    for batch, n in speed_batches(args):
         for m in args.min_matches:
-            choice = measure_block_choice(model, test[:n], batch, args.block_sizes, 256, drafts="lookup",
+            choice = measure_block_choice(model, test[:n], batch, args.block_sizes, MAX_NEW_TOKENS, drafts="lookup",
                                           lookup_min_match=m)
             speed = {1: 1.0, **{k: r["vs_ntp"] for k in args.block_sizes for r in rows
-                                if r["batch"] == batch and r["decoder"] == f"lookup k={k} min match {m}"}}
+                                if r["batch"] == batch and r["decoder"] == lookup_name(k, m)}}
             fastest = max(speed, key=speed.get)
             out.append({"batch": batch, "min_match": m, "picked": choice.block_size, "described": choice.describe(),
                         "fastest_measured": fastest, "picked_vs_ntp": speed[choice.block_size],

@@ -1,6 +1,7 @@
 """The long run's measurement reads what the recipe recorded: its milestone exports, command and schedule."""
 
 import json
+import os
 
 import pytest
 
@@ -36,8 +37,7 @@ def test_every_recorded_milestone_is_measured_once_under_the_runs_folder_name(tm
     long_run, results, measured = study
     exports = {str(s): str(tmp_path / "elsewhere" / f"adapter_{s}") for s in (150, 300)}
     for path in exports.values():
-        (tmp_path / "elsewhere").mkdir(exist_ok=True)
-        (tmp_path / "elsewhere" / path.rsplit("/", 1)[1]).mkdir()
+        os.makedirs(path)
     recipe = recipe_results(tmp_path, exports)
     out = long_run.main(["--recipe-results", recipe, "--results", results])
     assert measured == [("adapter_lr10", exports["150"], 150), ("adapter_lr10", exports["300"], 300)]

@@ -21,8 +21,6 @@ import sys
 from experiments.draft_training.run import HERE, STUDY, measure
 from sbd_jax.evaluation.results import commit, write_json
 
-ROOT = os.path.dirname(os.path.dirname(HERE))
-
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
