@@ -222,6 +222,13 @@ def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_th
     assert "trend" not in other and "earlier_stages" not in other
     assert other["command"].endswith("--cpu --steps 300") and other["sizes"]["steps"] == 300
 
+    # Without --results, each variant's flag names its folder, in the order its command spells the flags.
+    monkeypatch.setattr(run, "HERE", str(tmp_path / "recipe"))
+    run.main(["--workdir", str(tmp_path / "w"), "--cpu", "--adapter-rank", "16", "--steps", "300", "--paper-objective",
+              "--stop-after", "distill"])
+    variant = json.load(open(tmp_path / "recipe" / "results" / "cpu_paper_objective_adapter_300steps" / "results.json"))
+    assert variant["command"].endswith("--cpu --paper-objective --adapter-rank 16 --steps 300")
+
 
 @requires_smollm2
 @pytest.mark.slow

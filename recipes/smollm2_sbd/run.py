@@ -252,14 +252,15 @@ def main(argv: list[str]) -> None:
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
     data, train_dir = os.path.join(args.workdir, "data"), os.path.join(args.workdir, "train")
     objective = {} if args.paper_objective else OBJECTIVE
-    variant = ("_paper_objective" * args.paper_objective + "_adapter" * bool(args.adapter_rank)
-               + f"_{args.steps}steps" * bool(args.steps))  # another run: its own results folder
+    # Each variant is spelled once: the flag its command records and the suffix of its own results folder.
+    variants = ([(" --paper-objective", "_paper_objective")] * args.paper_objective
+                + [(f" --adapter-rank {args.adapter_rank}", "_adapter")] * bool(args.adapter_rank)
+                + [(f" --steps {args.steps}", f"_{args.steps}steps")] * bool(args.steps))
     out = args.results or (os.path.join(args.workdir, "results") if args.smoke else
-                           os.path.join(HERE, "results", preset + variant))
+                           os.path.join(HERE, "results", preset + "".join(suffix for _, suffix in variants)))
     os.makedirs(out, exist_ok=True)
     command = ("python -m recipes.smollm2_sbd.run --workdir WORKDIR" + {"gpu": "", "cpu": " --cpu", "smoke": " --smoke"}[preset]
-               + " --paper-objective" * args.paper_objective + f" --adapter-rank {args.adapter_rank}" * bool(args.adapter_rank)
-               + f" --steps {args.steps}" * bool(args.steps))
+               + "".join(flag for flag, _ in variants))
     results = {"provenance": provenance(), "preset": preset, "command": command, "sizes": sizes, "dtype": dtype,
                "objective": objective, "adapter_rank": args.adapter_rank,
                "machine": f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0]}, jax {jax.__version__}"}
