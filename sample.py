@@ -59,6 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs 1.6-2.1 a "
                    "1-token one (benchmarks/lookup_decode.py); 1 (most tokens per forward) on GPUs")
+    p.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
+                   help="sbd / hybrid drafts: N more masked blocks in each pass, one after each of the first N places "
+                   "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "
+                   "the pass grows to (2 + N) k tokens (nearly free on a GPU, about proportional on a CPU)")
     p.add_argument("--adapter", default=None,
                    help="a gated adapter directory (train.py with adapter.rank > 0 writes workdir/adapter) for this "
                         "base model: NTP stays the base's exactly, SBD's blocks use the adapter")
@@ -120,12 +124,14 @@ def main(argv: list[str]) -> None:
     settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
                         verify=args.verify, drafts=args.drafts, lookup_min_match=args.lookup_min_match,
+                        fallback_blocks=args.fallback_blocks,
                         temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
     if auto:
         choice = model.choose_block_size(texts, batch=len(texts), chat=args.chat, max_new_tokens=args.max_new_tokens,
-                                         drafts=args.drafts, lookup_min_match=args.lookup_min_match)
+                                         drafts=args.drafts, lookup_min_match=args.lookup_min_match,
+                                         fallback_blocks=args.fallback_blocks)
         print(f"[--block-size auto at batch {len(texts)}: {choice.describe()}]", file=sys.stderr)
         settings = (dataclasses.replace(settings, mode="ntp", verify=False) if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))

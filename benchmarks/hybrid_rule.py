@@ -24,7 +24,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def real_text_rows(args) -> list[dict]:
-    from benchmarks.lookup_decode import decode_rows, draft_source_rows
+    from benchmarks.lookup_decode import draft_source_rows
+
+    model, prompts, reference = tuned_validation(args)
+    return draft_source_rows(model, prompts, reference, (4, 8), ("lookup", "hybrid", "sbd"), args.max_new,
+                             len(prompts))
+
+
+def tuned_validation(args):
+    """The `--tuned` model, the first `--prompts` validation prompts of the real-text recipe and its greedy NTP
+    outputs of `--max-new` tokens."""
+    from benchmarks.lookup_decode import decode_rows
     from recipes.smollm2_sbd.eval import chat
     from sbd_jax.api import load
     from sbd_jax.checkpoints.adapter import CONFIG
@@ -37,18 +47,22 @@ def real_text_rows(args) -> list[dict]:
     prompts = [chat(model.tokenizer, row["prompt"]) for _, row in iter_jsonl(valid)][: args.prompts]
     reference = [r.token_ids for r in decode_rows(model, Settings(max_new_tokens=args.max_new), prompts,
                                                   len(prompts))[0]]
-    return draft_source_rows(model, prompts, reference, (4, 8), ("lookup", "hybrid", "sbd"), args.max_new,
-                             len(prompts))
+    return model, prompts, reference
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `tuned_validation` and of the arithmetic part (`benchmarks.lookup_decode.arithmetic_problems`)."""
     parser.add_argument("--tuned", required=True, help="an exported real-text SBD fine-tune of SmolLM2, or a "
                         "gated adapter's directory (on the base SmolLM2)")
     parser.add_argument("--prompts", type=int, default=24)
     parser.add_argument("--max-new", type=int, default=128)
-    parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--arith-problems", type=int, default=256)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "hybrid_rule_cpu.json"))
     args = parser.parse_args(argv)
     from benchmarks.lookup_decode import arithmetic_rows

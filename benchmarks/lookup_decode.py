@@ -31,11 +31,11 @@ MAX_NEW_TOKENS = 256  # as the committed entries the exactness part compares wit
 PARTS = ("arithmetic", "exactness", "speed")
 
 
-def verified(drafts: str, k: int, max_new_tokens: int, min_match: int = 1):
+def verified(drafts: str, k: int, max_new_tokens: int, min_match: int = 1, fallback_blocks: int = 0):
     from sbd_jax.decoding.settings import Settings
 
     return Settings(mode="sbd", verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens,
-                    lookup_min_match=min_match)
+                    lookup_min_match=min_match, fallback_blocks=fallback_blocks)
 
 
 def decode_rows(model, settings, prompts, batch):
@@ -140,16 +140,23 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
 
 
 def arithmetic_rows(args) -> list[dict]:
+    from sbd_jax.decoding.verified import DRAFT_SOURCES
+
+    model, prompts, reference = arithmetic_problems(args)
+    return draft_source_rows(model, prompts, reference, args.block_sizes, DRAFT_SOURCES, 72, 64)
+
+
+def arithmetic_problems(args):
+    """The shipped small-scale SBD model, the study's first `--arith-problems` validation problems and its greedy
+    NTP outputs (72 tokens)."""
     from experiments.small_scale.task import study_splits
     from sbd_jax.api import load
     from sbd_jax.decoding.settings import Settings
-    from sbd_jax.decoding.verified import DRAFT_SOURCES
 
     model = load(os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith"))
-
     prompts = [model.encode(p.question, chat=True) for p in study_splits().valid[: args.arith_problems]]
     reference = [r.token_ids for r in decode_rows(model, Settings(max_new_tokens=72), prompts, 64)[0]]
-    return draft_source_rows(model, prompts, reference, args.block_sizes, DRAFT_SOURCES, 72, 64)
+    return model, prompts, reference
 
 
 def draft_source_rows(model, prompts, reference, block_sizes, sources, max_new_tokens, batch) -> list[dict]:

@@ -66,15 +66,17 @@ class SBDModel:
 
     def choose_block_size(self, prompts: str | Sequence[str], batch: int, *, chat: bool = False,
                           block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
-                          calibration_tokens: int = 64, drafts: str = "sbd", lookup_min_match: int = 1) -> BlockChoice:
+                          calibration_tokens: int = 64, drafts: str = "sbd", lookup_min_match: int = 1,
+                          fallback_blocks: int = 0) -> BlockChoice:
         """The block size at which verified SBD decodes fastest at `batch` rows generating up to
         `max_new_tokens` on this machine (1: NTP), by the rule of `sbd_jax.decoding.block_choice`: tokens per
         forward measured on the first `calibration_tokens` of greedy verified decoding of `prompts` (a few
         like those to be served), bare forwards timed here, for the draft source `drafts` (sbd, lookup,
-        hybrid; `lookup_min_match` as in `Settings`). Its `describe()` says what it measured."""
+        hybrid; `lookup_min_match` and `fallback_blocks` as in `Settings`). Its `describe()` says what it measured."""
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes, max_new_tokens,
-                                    calibration_tokens, drafts=drafts, lookup_min_match=lookup_min_match)
+                                    calibration_tokens, drafts=drafts, lookup_min_match=lookup_min_match,
+                                    fallback_blocks=fallback_blocks)
 
 
 def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None,

@@ -114,6 +114,10 @@ def test_lookup_needs_no_mask_token_and_the_block_sources_say_so():
     (dict(mode="sbd", verify="no"), "verify='no' must be True or False"),
     (dict(mode="sbd", verify=True, drafts="lookup", lookup_min_match=5), "lookup_min_match=5 must be a whole number"),
     (dict(mode="sbd", verify=True, lookup_min_match=2), "use it with drafts 'lookup' or 'hybrid'"),
+    (dict(mode="sbd", verify=True, fallback_blocks=-1), "fallback_blocks=-1 must be a whole number >= 0"),
+    (dict(mode="sbd", verify=True, fallback_blocks=True), "fallback_blocks=True must be a whole number >= 0"),
+    (dict(mode="sbd", verify=True, drafts="lookup", fallback_blocks=2), "use them with drafts 'sbd' or 'hybrid'"),
+    (dict(mode="sbd", fallback_blocks=2), r"add verify \(--mode sbd --verify\)"),
 ])
 def test_settings_refuse_bad_values_when_made(options, message):
     with pytest.raises(UserError, match=message):

@@ -328,3 +328,6 @@ def test_the_headline_compares_every_row_with_the_base_models_ntp():
     assert adapter[1]["accepted_fraction"] == 2 / 6
     full = measure(FakeEvaluations(), "test", 8, adapter=False)  # a full fine-tune's own NTP and lookup too
     assert [(r["model"], r["mode"]) for r in full][4:] == [("tuned", "ntp"), ("tuned", "verified_lookup")]
+    fallback = measure(FakeEvaluations(), "test", 8, adapter=True, fallback_blocks=7)  # their own modes, last
+    assert [(r["mode"], r["source"]) for r in fallback][4:] == [("verified_hybrid_fallback7", "hybrid"),
+                                                                 ("sbd_verified_fallback7", "sbd")]

@@ -140,10 +140,19 @@ def test_block_decoding_equals_uncached_reference(params, gamma, k, max_new):
 
 
 def test_pass_logits_equal_uncached_forward(params):
-    """First block (commits 1 token), a middle block's 2k pass, and a refine pass, at fp32 1e-5."""
+    """First block (commits 1 token), a middle block's 2k pass with its fallback blocks (each after a prefix
+    of the pending tokens), and a refine pass, at fp32 1e-5."""
     k = 4
     decoder = SBDDecoder(CFG, max_new_tokens=8, block_size=k)
     seq = np.random.RandomState(3).randint(0, 100, (2, 30))
+
+    def uncached(context):  # causal, with the last k tokens a block that sees itself
+        n = context.shape[1]
+        mask = np.tril(np.ones((n, n), bool))
+        mask[n - k:, n - k:] = True
+        return Transformer(CFG).apply({"params": params}, context, jnp.arange(n)[None].repeat(2, 0),
+                                      mask=jnp.asarray(mask))[0]
+
     for prefix, pending_count in [(10, 1), (13, k)]:
         _, kv = Transformer(CFG).apply({"params": params}, seq[:, :prefix], jnp.arange(prefix)[None].repeat(2, 0))
         cache = append(init_cache(CFG, 2, 64), kv.k, kv.v, prefix)
@@ -153,15 +162,14 @@ def test_pass_logits_equal_uncached_forward(params):
         block[:, 1] = seq[:, 0]  # a partly revealed block
         pending_logits, logits, kv = decoder.first_pass(params, cache, jnp.asarray(pending),
                                                         jnp.full((2,), pending_count, jnp.int32), jnp.asarray(block),
-                                                        causal_logits=True)
+                                                        causal_logits=True, fallback_blocks=k - 1)
         cache_after = append(cache, kv.k, kv.v, pending_count)
-        context = np.concatenate([seq[:, :prefix + pending_count], block], axis=1)
-        n = context.shape[1]
-        mask = np.tril(np.ones((n, n), bool))
-        mask[n - k:, n - k:] = True
-        full, _ = Transformer(CFG).apply({"params": params}, context, jnp.arange(n)[None].repeat(2, 0),
-                                         mask=jnp.asarray(mask))
-        np.testing.assert_allclose(logits, full[:, -k:], atol=1e-5, rtol=0)
+        full = uncached(np.concatenate([seq[:, :prefix + pending_count], block], axis=1))
+        np.testing.assert_allclose(logits[:, 0], full[:, -k:], atol=1e-5, rtol=0)
+        for a in range(k - 1):  # fallback block a: after the pending tokens 0..a (all of them, if fewer)
+            seen = min(a + 1, pending_count)
+            np.testing.assert_allclose(logits[:, 1 + a], uncached(np.concatenate([seq[:, :prefix + seen], block], 1))
+                                       [:, -k:], atol=1e-5, rtol=0)
         # The pending tokens' logits are causal: NTP's predictions of the token after each.
         np.testing.assert_allclose(pending_logits[:, :pending_count], full[:, prefix: prefix + pending_count],
                                    atol=1e-5, rtol=0)

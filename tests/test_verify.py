@@ -79,8 +79,10 @@ def _forward(cfg, params, tokens, block):
     return logits[0, :n].at[:, cfg.mask_token_id].set(-jnp.inf)  # the mask token is never an output
 
 
-def reference_verified(cfg, params, prompt, max_new, k, eos=()):
-    """Verified SBD written plainly with uncached forwards: (tokens, nfe, drafted, accepted, corrected)."""
+def reference_verified(cfg, params, prompt, max_new, k, eos=(), fallback=0):
+    """Verified SBD written plainly with uncached forwards: (tokens, nfe, drafted, accepted, corrected).
+    `fallback`: where draft m + 1 (m < fallback) is rejected, the next drafts come from a block after the
+    tokens kept, computed here by a forward of its own (the decoder's pass computes it beside the others)."""
     mask = cfg.mask_token_id
     committed, pending = list(prompt[:-1]), [prompt[-1]]  # pending: an exact token, then its drafts
     out, corrected = [], []
@@ -111,10 +113,12 @@ def reference_verified(cfg, params, prompt, max_new, k, eos=()):
         if len(out) == max_new:
             return out, nfe, drafted, accepted, corrected
         committed += pending[: m + 1]
-        if m < len(drafts):
+        if m < len(drafts) and m >= min(fallback, k - 1):
             pending = [exact[m]]
             continue
-        # Every draft accepted: the next block is drafted from this same pass, as far as max_new_tokens reaches.
+        if m < len(drafts):  # a fallback block: after the tokens kept, not after the rejected draft
+            logits = _forward(cfg, params, committed + [mask] * k, k)
+        # The next block is drafted from this same pass, as far as max_new_tokens reaches.
         budget = max_new - len(out) + 1
         block = [exact[m]] + [int(jnp.argmax(logits[i - k])) if i < budget else mask for i in range(1, k)]
         pending = block
@@ -149,6 +153,30 @@ def test_accounting_equals_the_python_reference(which, k):
         assert (ours.nfe, ours.drafted, ours.accepted, ours.corrected) == (nfe, drafted, accepted, corrected)
     if which == "trained":  # right drafts: well over one token per pass, identical output
         assert sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results) > 2
+
+
+@pytest.mark.parametrize("which, k, fallback", [("random", 4, 1), ("random", 4, 3), ("trained", 16, 15),
+                                                ("random", 3, 5)])
+def test_fallback_blocks_keep_ntp_output_and_draft_after_a_rejection(which, k, fallback):
+    """Fallback blocks (one per place a draft can be rejected, at most k - 1 used) run in the verifying pass
+    itself: their drafts equal those of a block computed after exactly the tokens kept, and the output is NTP's."""
+    if which == "random":
+        cfg, params = model("qwen3")
+        prompts, eos = PROMPTS, ()
+    else:
+        cfg, params, prompts = trained_arithmetic_model()
+        eos = cfg.eos_token_ids
+    results, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=40, block_size=k, eos_ids=eos,
+                                             fallback_blocks=fallback), params, prompts)
+    plain, _ = generate(VerifiedSBDDecoder(cfg, max_new_tokens=40, block_size=k, eos_ids=eos), params, prompts)
+    expected, _ = generate(NTPDecoder(cfg, max_new_tokens=40, eos_ids=eos), params, prompts)
+    for prompt, ours, ntp_result in zip(prompts, results, expected):
+        tokens, nfe, drafted, accepted, corrected = reference_verified(cfg, params, prompt, 40, k, eos, fallback)
+        assert ours.token_ids == tokens == ntp_result.token_ids
+        assert (ours.nfe, ours.drafted, ours.accepted, ours.corrected) == (nfe, drafted, accepted, corrected)
+    # after a rejection the next pass still drafts: more drafts, and never more forwards in all
+    assert sum(r.drafted for r in results) > sum(r.drafted for r in plain)
+    assert sum(r.nfe for r in results) <= sum(r.nfe for r in plain)
 
 
 @requires_smollm2

@@ -135,12 +135,13 @@ class HandMadeLogits(VerifiedSBDDecoder):
     """The real pass (its K/V fill the cache) with its logits replaced: p from the last token and its
     position (a Markov chain NTP samples exactly from), q from the last pending token and the block position."""
 
-    def first_pass(self, params, cache, pending_BK, pending_count_B, block_BK, causal_logits):
+    def first_pass(self, params, cache, pending_BK, pending_count_B, block_BK, causal_logits, fallback_blocks=0):
+        assert fallback_blocks == 0  # q here is the block's after every pending token
         _, _, kv = super().first_pass(params, cache, pending_BK, pending_count_B, block_BK, causal_logits)
         j = jnp.arange(self.block_size)
         p = jnp.asarray(P_TABLE, jnp.float32)[pending_BK, cache.lengths[:, None] + j]
         last = jnp.take_along_axis(pending_BK, (pending_count_B - 1)[:, None], axis=1)
-        return p, jnp.asarray(Q_TABLE, jnp.float32)[last, j[None]], kv
+        return p, jnp.asarray(Q_TABLE, jnp.float32)[last, j[None]][:, None], kv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,5 +198,19 @@ def test_lookup_and_hybrid_drafts_sample_exactly_ntp_distribution(drafts, temper
     assert 0 < sum(r.lookup_accepted for r in results) < lookup_drafted
     if drafts == "hybrid":
         assert sum(r.drafted for r in results) > lookup_drafted  # SBD's block drafted too
+    assert chi_square_p(counts, expected) > 1e-3
+    assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)
+
+
+@pytest.mark.parametrize("drafts, temperature, top_p", [("sbd", 1.0, 1.0), ("hybrid", 0.7, 0.8)])
+def test_fallback_block_drafts_sample_exactly_ntp_distribution(drafts, temperature, top_p):
+    """After a rejected draft the next drafts come from the fallback block placed after the tokens kept: which
+    block is read from this pass's test (decided tokens), and each block's q from the tokens before it alone."""
+    expected = ntp_joint(temperature, top_p)
+    kind = functools.partial(VerifiedSBDDecoder, drafts=drafts, fallback_blocks=2)
+    counts, results = sampled_joint(decoder(kind, temperature, top_p), seed=2)
+    # Without a fallback block a row drafts at most the 2 drafts of its second pass (block 3, 3 new tokens);
+    # a third draft is one a fallback block proposed after the second pass rejected its first draft.
+    assert sum(r.drafted - r.lookup_drafted == 3 for r in results) > ROWS // 10
     assert chi_square_p(counts, expected) > 1e-3
     assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)

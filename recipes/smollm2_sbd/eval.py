@@ -48,19 +48,27 @@ def ntp_setting() -> dict:
     return dict(mode="ntp", block_size=1, gamma=None, proxy=None)
 
 
-def drafts_setting(block_size: int, drafts: str) -> dict:
+def drafts_setting(block_size: int, drafts: str, fallback_blocks: int = 0) -> dict:
     """Verified decoding with lookup or hybrid drafts (`sbd_jax.decoding.lookup`); lookup needs no fine-tune.
     Hybrid's setting names the rule that chooses between the sources, so results of another rule are not reused."""
     from sbd_jax.decoding.verified import HYBRID_RULE
 
     rule = {"hybrid_rule": HYBRID_RULE} if drafts == "hybrid" else {}
-    return dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True, drafts=drafts,
-                **rule)
+    return with_fallback(dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True,
+                              drafts=drafts, **rule), fallback_blocks)
 
 
-def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
-    return dict(mode="sbd_verified" if verify else "sbd", block_size=block_size, gamma=gamma, proxy="entropy",
-                verify=verify)
+def sbd_setting(block_size: int, gamma: float, verify: bool = False, fallback_blocks: int = 0) -> dict:
+    return with_fallback(dict(mode="sbd_verified" if verify else "sbd", block_size=block_size, gamma=gamma,
+                              proxy="entropy", verify=verify), fallback_blocks)
+
+
+def with_fallback(setting: dict, fallback_blocks: int) -> dict:
+    """A verified setting with fallback blocks (`VerifiedSBDDecoder`): its mode names them, so its cached
+    entries are its own; without them the setting is as it always was (old entries stay valid)."""
+    if not fallback_blocks:
+        return setting
+    return dict(setting, mode=f"{setting['mode']}_fallback{fallback_blocks}", fallback_blocks=fallback_blocks)
 
 
 def chat(tokenizer: Any, question: str) -> list[int]:

@@ -34,22 +34,28 @@ from recipes.smollm2_sbd.eval import (
 from sbd_jax.evaluation.results import provenance, write_json
 
 
-def rows(block_size: int, adapter: bool) -> list[tuple[str, dict]]:
+def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple[str, dict]]:
     """(model, setting) in the order measured after the base model's NTP (the reference). An adapter's NTP (and
     so its lookup row) is the base's exactly: lookup drafts depend on the context alone, so on the same outputs
-    they are accepted the same."""
+    they are accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first:
+    the rows are cached one by one, and hybrid is the one to compare with lookup)."""
     out = [("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True)),
            ("tuned", drafts_setting(block_size, "hybrid")), ("base", drafts_setting(block_size, "lookup"))]
-    return out if adapter else out + [("tuned", ntp_setting()), ("tuned", drafts_setting(block_size, "lookup"))]
+    if not adapter:
+        out += [("tuned", ntp_setting()), ("tuned", drafts_setting(block_size, "lookup"))]
+    if fallback_blocks:
+        out += [("tuned", drafts_setting(block_size, "hybrid", fallback_blocks)),
+                ("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True, fallback_blocks=fallback_blocks))]
+    return out
 
 
 def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool,
-            progress: Callable[[list[dict]], None] | None = None) -> list[dict]:
+            progress: Callable[[list[dict]], None] | None = None, fallback_blocks: int = 0) -> list[dict]:
     """`rows`, each decoded (or read from the cache) and summarised against the base model's NTP outputs;
     `progress(rows so far)` after each."""
     base_ntp = evaluations.get("base", ntp_setting(), split)
     table = [summary(base_ntp, base_ntp) | {"source": None}]
-    for model, setting in rows(block_size, adapter):
+    for model, setting in rows(block_size, adapter, fallback_blocks):
         entry = evaluations.get(model, setting, split)
         table.append(summary(entry, base_ntp) | {"source": setting.get("drafts", "sbd" if setting.get("verify") else None)})
         if progress:
@@ -67,6 +73,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--split", choices=("valid", "test", "humaneval"), default="test")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
+                        help="also SBD and hybrid drafts with N fallback blocks (sample.py --fallback-blocks)")
     parser.add_argument("--prompts", type=int, default=None, help="the split's first N prompts or problems "
                         "(default: all)")
     args = parser.parse_args(argv)
@@ -93,7 +101,7 @@ def main(argv: Sequence[str]) -> None:
                     "split": args.split, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                     "reference": "the base model's NTP outputs", "rows": table})
 
-    table = measure(evaluations, args.split, args.block_size, adapter, write)
+    table = measure(evaluations, args.split, args.block_size, adapter, write, args.fallback_blocks)
     print("| model | decoding | tokens/forward | accepted drafts | identical to base NTP |\n|---|---|---|---|---|")
     for r in table:
         accepted = "" if r["accepted_fraction"] is None else f"{r['accepted_fraction']:.1%}"

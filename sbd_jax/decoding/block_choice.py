@@ -81,17 +81,19 @@ class BlockChoice:
 
 
 def decoder_for(config: Any, block_size: int, max_new_tokens: int, drafts: str = "sbd",
-                lookup_min_match: int = 1) -> Any:
+                lookup_min_match: int = 1, fallback_blocks: int = 0) -> Any:
     """Greedy NTP (`block_size` 1) or verified SBD at `block_size` with `drafts`, stopping at the model's EOS ids."""
     settings = (Settings(max_new_tokens=max_new_tokens) if block_size == 1
                 else Settings(mode="sbd", block_size=block_size, verify=True, drafts=drafts,
-                              lookup_min_match=lookup_min_match, max_new_tokens=max_new_tokens))
+                              lookup_min_match=lookup_min_match, fallback_blocks=fallback_blocks,
+                              max_new_tokens=max_new_tokens))
     return settings.decoder(config)
 
 
-def pass_tokens(block_size: int, drafts: str) -> int:
-    """Tokens a row in one verified pass: the k pending tokens, and the k-token masked block unless lookup."""
-    return block_size if drafts == "lookup" else 2 * block_size
+def pass_tokens(block_size: int, drafts: str, fallback_blocks: int = 0) -> int:
+    """Tokens a row in one verified pass: the k pending tokens, and unless lookup the k-token masked block
+    and its fallback copies (at most k - 1)."""
+    return block_size if drafts == "lookup" else (2 + min(fallback_blocks, block_size - 1)) * block_size
 
 
 def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, max_new_tokens: int,
@@ -104,13 +106,14 @@ def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, 
 
 
 def bare_forward_seconds(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], batch: int,
-                         max_new_tokens: int, calls: int = 10, pad_to: int = 0, drafts: str = "sbd") -> dict[int, float]:
+                         max_new_tokens: int, calls: int = 10, pad_to: int = 0, drafts: str = "sbd",
+                         fallback_blocks: int = 0) -> dict[int, float]:
     """Seconds of one bare forward at `batch` rows, in the middle of decoding these prompts, in the cache
     the decoder would get: key 1 for NTP's one token a row, key k for verified SBD's pass (`pass_tokens`)."""
     from sbd_jax.decoding.timing import forward_seconds
 
     context = max(pad_to, *map(len, prompts)) + max_new_tokens // 2
-    return {k: forward_seconds(model, batch, 1 if k == 1 else pass_tokens(k, drafts), context, calls,
+    return {k: forward_seconds(model, batch, 1 if k == 1 else pass_tokens(k, drafts, fallback_blocks), context, calls,
                                capacity=cache_slots(model.config, prompts, k, max_new_tokens, pad_to))
             for k in (1, *block_sizes)}
 
@@ -123,7 +126,7 @@ class Calibration(NamedTuple):
 
 
 def calibrate(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], max_new_tokens: int,
-              batch: int = 8, drafts: str = "sbd", lookup_min_match: int = 1) -> Calibration:
+              batch: int = 8, drafts: str = "sbd", lookup_min_match: int = 1, fallback_blocks: int = 0) -> Calibration:
     """Greedy verified decoding of these prompts at each block size, `batch` rows at a time (its output is
     NTP's at every k; only the forwards it takes differ, and with lookup drafts which of them run narrow,
     which depends on the batch)."""
@@ -131,7 +134,7 @@ def calibrate(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes:
 
     tokens, narrow = {}, {}
     for k in block_sizes:
-        decoder = decoder_for(model.config, k, max_new_tokens, drafts, lookup_min_match)
+        decoder = decoder_for(model.config, k, max_new_tokens, drafts, lookup_min_match, fallback_blocks)
         generations = generate_batched(decoder, model.params, prompts, batch)[0]
         tokens[k] = tokens_per_pass(generations)
         narrow[k] = sum(g.narrow_passes for g in generations) / max(sum(g.nfe for g in generations), 1)
@@ -141,7 +144,7 @@ def calibrate(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes:
 def measure_block_choice(model: WithWeights, prompts: Sequence[Sequence[int]], batch: int,
                          block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
                          calibration_tokens: int = 64, calls: int = 10, drafts: str = "sbd",
-                         lookup_min_match: int = 1) -> BlockChoice:
+                         lookup_min_match: int = 1, fallback_blocks: int = 0) -> BlockChoice:
     """Calibrates and applies the rule for verified SBD at `batch` rows generating up to `max_new_tokens`:
     tokens per forward (and, with lookup drafts at `lookup_min_match`, the share of passes run narrow)
     measured on the first `calibration_tokens` of greedy verified decoding of `prompts` (a few like those to
@@ -158,8 +161,9 @@ def measure_block_choice(model: WithWeights, prompts: Sequence[Sequence[int]], b
     if not block_sizes or min(block_sizes) < 2:
         raise UserError(f"block sizes to choose from must be >= 2 (got {list(block_sizes)})")
     measured = calibrate(model, prompts, block_sizes, min(max_new_tokens, calibration_tokens), batch, drafts,
-                         lookup_min_match)
-    bare = bare_forward_seconds(model, prompts, block_sizes, batch, max_new_tokens, calls, drafts=drafts)
+                         lookup_min_match, fallback_blocks)
+    bare = bare_forward_seconds(model, prompts, block_sizes, batch, max_new_tokens, calls, drafts=drafts,
+                                fallback_blocks=fallback_blocks)
     chosen = choose_block_size(measured.tokens_per_forward, {k: bare[k] for k in block_sizes}, bare[1],
                                measured.narrow_share)
     return BlockChoice(chosen, measured.tokens_per_forward, bare, measured.narrow_share)

@@ -16,7 +16,12 @@ from sbd_jax.decoding.base import (
     check_proxy,
 )
 from sbd_jax.decoding.sbd import SBDDecoder
-from sbd_jax.decoding.verified import VerifiedSBDDecoder, check_draft_source, check_lookup_min_match
+from sbd_jax.decoding.verified import (
+    VerifiedSBDDecoder,
+    check_draft_source,
+    check_fallback_blocks,
+    check_lookup_min_match,
+)
 from sbd_jax.errors import UserError
 
 MODES = ("ntp", "sbd")
@@ -36,6 +41,8 @@ class Settings:
     drafts: str = "sbd"  # verify: what proposes the drafts: sbd (the masked block), lookup (n-grams of the
     # context: no fine-tune, no mask token needed) or hybrid (per row, whichever has had more drafts kept)
     lookup_min_match: int = 1  # lookup / hybrid: the shortest n-gram match that proposes drafts (1-4)
+    fallback_blocks: int = 0  # sbd / hybrid drafts: masked blocks after the first N places a draft can be
+    # rejected, so a rejection still leaves drafts (pass (2 + N) k tokens; at most k - 1 used)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
 
@@ -46,6 +53,10 @@ class Settings:
         check_flag("verify", self.verify)
         check_draft_source(self.drafts)
         check_lookup_min_match(self.lookup_min_match, self.drafts)
+        check_fallback_blocks(self.fallback_blocks, self.drafts)
+        if self.fallback_blocks and not self.verify:
+            raise UserError("fallback_blocks (--fallback-blocks) draft after a rejected draft: add verify "
+                            "(--mode sbd --verify)")
         if self.drafts != "sbd" and not self.verify:
             raise UserError(f"drafts {self.drafts!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")
@@ -74,5 +85,6 @@ class Settings:
             return NTPDecoder(config, **common)
         if self.verify:
             return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts,
-                                      lookup_min_match=self.lookup_min_match, **common)
+                                      lookup_min_match=self.lookup_min_match,
+                                      fallback_blocks=self.fallback_blocks, **common)
         return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)

@@ -49,6 +49,16 @@ def check_lookup_min_match(min_match: int, drafts: str) -> None:
                         "or 'hybrid' (--drafts)")
 
 
+def check_fallback_blocks(fallback_blocks: int, drafts: str) -> None:
+    """Raises UserError unless `fallback_blocks` is a whole number >= 0, and 0 for lookup drafts (no masked block)."""
+    if not isinstance(fallback_blocks, int) or isinstance(fallback_blocks, bool) or fallback_blocks < 0:
+        raise UserError(f"fallback_blocks={fallback_blocks!r} must be a whole number >= 0 (masked blocks after "
+                        "each of the first N places a draft can be rejected)")
+    if fallback_blocks and drafts == "lookup":
+        raise UserError("fallback_blocks (--fallback-blocks) are masked blocks of SBD's drafts: use them with drafts "
+                        "'sbd' or 'hybrid' (--drafts), or drop them for lookup")
+
+
 def sbd_preferred(sbd_kept: jax.Array, sbd_passes: jax.Array, lookup_kept: jax.Array,
                   lookup_passes: jax.Array) -> jax.Array:
     """Hybrid's choice, per row, where lookup has a match: SBD's block if its drafts have been kept at
@@ -95,6 +105,11 @@ class VerifiedSBDDecoder(BlockDecoder):
     - `sbd`: the same forward also runs an all-masked block after the pending tokens; if every draft is
       accepted, its guesses are the next drafts (after a rejection they guessed past the wrong prefix, and
       the next forward drafts nothing). The pass is 2k tokens; the model needs a mask token.
+      `fallback_blocks` n (at most k - 1 are used): n more masked blocks in the same forward, block a
+      after the exact token and drafts 1..a, so that where draft a + 1 is rejected the next forward still
+      has drafts, guessed after exactly the tokens kept (TiDAR drafts after every possible prefix the same
+      way). The pass is (2 + n) k tokens: on a GPU, which reads the weights and cache once a pass whatever
+      its width, nearly free; on a CPU it costs about in proportion.
     - `lookup`: the tokens that followed the latest earlier occurrence of the context's last 1-4 tokens
       (`sbd_jax.decoding.lookup`), after every forward, accepted or not. The pass is the k pending tokens alone and
       needs no mask token: any causal LM, SBD-trained or not. A pass where no row has drafts runs the one
@@ -119,6 +134,7 @@ class VerifiedSBDDecoder(BlockDecoder):
 
     drafts: str = "sbd"
     lookup_min_match: int = 1
+    fallback_blocks: int = 0
 
     # The sampling branch's accept / resample rule (a class attribute: tests swap in broken variants).
     speculative_test = staticmethod(speculative_accept)
@@ -136,10 +152,23 @@ class VerifiedSBDDecoder(BlockDecoder):
         block position j + 1 of this pass (tests swap in a variant off by one position)."""
         return jnp.roll(q_logits, -1, axis=1)
 
+    @staticmethod
+    def next_block(whole: jax.Array, accepted: jax.Array) -> jax.Array:
+        """`[B]`: which of this pass's blocks holds the next drafts: 0 (after every pending token) where every
+        draft was accepted, else fallback block `accepted` (block 1 + accepted), placed after the tokens
+        kept (tests swap in a variant that takes the wrong one)."""
+        return jnp.where(whole, 0, 1 + accepted)
+
     def __post_init__(self) -> None:
         check_draft_source(self.drafts)
         check_lookup_min_match(self.lookup_min_match, self.drafts)
+        check_fallback_blocks(self.fallback_blocks, self.drafts)
         super().__post_init__()
+
+    @property
+    def fallbacks(self) -> int:
+        """The fallback blocks run: at most one for each of the k - 1 drafts that can be rejected."""
+        return min(self.fallback_blocks, self.block_size - 1)
 
     @property
     def needs_mask_token(self) -> str | None:
@@ -192,7 +221,9 @@ class VerifiedSBDDecoder(BlockDecoder):
         distribution `q_j` and is independent of the test at that position: SBD's `d_j` was drawn from
         the masked block's distribution at its position, computed from the prefix alone (the whole block
         masked), independently of the other drafts; lookup's `d_j` is a function of the prefix (q_j a point
-        mass); hybrid's choice between them reads only what was decided before the block. Accept `d_j`
+        mass); hybrid's choice between them reads only what was decided before the block, and with fallback
+        blocks which block's q applies is read from this pass's test, i.e. from tokens already decided, while
+        each block's q comes from the tokens before it alone. Accept `d_j`
         with probability min(1, p_j(d_j) / q_j(d_j)); on rejection draw from normalize(max(0, p_j - q_j)).
         Then P(token = x | past) = q(x) min(1, p(x)/q(x)) + (1 - sum_y min(q(y), p(y))) (p(x) - q(x))^+ /
         sum_y (p(y) - q(y))^+ = min(q(x), p(x)) + (p(x) - q(x))^+ = p(x) (Leviathan et al., 2023); for a
@@ -231,7 +262,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                 assert mask_id is not None  # __post_init__ refused a config without one
                 pending_logits, block_logits, kv = self.first_pass(
                     params, s.cache, s.pending, s.pending_count, jnp.full((batch, k), mask_id, jnp.int32),
-                    causal_logits=True)
+                    causal_logits=True, fallback_blocks=self.fallbacks)
                 assert pending_logits is not None  # causal_logits=True returns them
                 narrow = jnp.zeros((batch,), bool)
             else:
@@ -263,13 +294,17 @@ class VerifiedSBDDecoder(BlockDecoder):
             from_lookup = jnp.zeros((batch,), bool)
             draft_logits = s.draft_logits
             if masked:
-                # Every draft accepted: this pass's block holds, `next_token` at its first position and drafts
-                # from this pass's block logits after it, as far as max_new_tokens can still reach.
-                whole = (accepted == s.pending_count - 1) & ~done
-                q_logits = dist(block_logits)
+                # A block holds where it was placed after exactly the tokens kept: the one after every draft
+                # where all were accepted, else the fallback block after the accepted ones, if there is one.
+                # `next_token` goes at its first position and drafts from its logits after it, as far as
+                # max_new_tokens can still reach.
+                whole = accepted == s.pending_count - 1
+                holds = (whole | (accepted < self.fallbacks)) & ~done
+                chosen = jnp.minimum(self.next_block(whole, accepted), self.fallbacks)
+                q_logits = dist(jnp.take_along_axis(block_logits, chosen[:, None, None, None], axis=1)[:, 0])
                 block = draw(q_logits, draft_rng, self.temperature).at[:, 0].set(next_token)
-                pending = jnp.where(whole[:, None], block, pending)
-                pending_count = jnp.where(whole, 1 + jnp.minimum(k - 1, room), pending_count)
+                pending = jnp.where(holds[:, None], block, pending)
+                pending_count = jnp.where(holds, 1 + jnp.minimum(k - 1, room), pending_count)
                 if sampling:
                     draft_logits = self.next_draft_logits(q_logits)
             drafted_now = jnp.where(live, (is_draft & ~eos_before).sum(axis=1), 0)
@@ -289,7 +324,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                     # Hybrid: lookup's match unless SBD's drafts have been kept more per pass spent on them. Where
                     # this pass's block holds, that is per pass that verified them; where it does not, SBD's
                     # drafts need a pass without drafts first, so each pass that rejected one counts twice.
-                    sbd_passes = sbd_uses + jnp.where(whole, 0, sbd_rejections)
+                    sbd_passes = sbd_uses + jnp.where(holds, 0, sbd_rejections)
                     from_lookup &= ~sbd_preferred(accepted_sum - lookup_accepted, sbd_passes, lookup_accepted,
                                                   lookup_uses)
                 pending = jnp.where(from_lookup[:, None], found, pending)

@@ -71,14 +71,15 @@ def _ntp_loss(config: ModelConfig) -> Any:
 def decode(model: EvaluatedModel, setting: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int,
            batch: int = 0) -> tuple[list[Generation], BatchTiming]:
     """Greedy decoding of token-id prompts `batch` at a time (0: all in one batch) with a setting: a dict
-    of mode, block_size, gamma, proxy, verify, drafts and lookup_min_match, as results record it (every mode but "ntp" names a
+    of mode, block_size, gamma, proxy, verify, drafts, lookup_min_match and fallback_blocks, as results record it (every mode but "ntp" names a
     block decoder: "sbd", "sbd_verified", "verified_lookup", ...; `verify`, `drafts` and `proxy` say which)."""
     ntp = setting["mode"] == "ntp"
     settings = Settings(mode="ntp" if ntp else "sbd", max_new_tokens=max_new_tokens,
                         **({} if ntp else {"block_size": setting["block_size"], "proxy": setting["proxy"] or "entropy",
                                            "verify": setting.get("verify", False),
                                            "drafts": setting.get("drafts", "sbd"),
-                                           "lookup_min_match": setting.get("lookup_min_match", 1)}))
+                                           "lookup_min_match": setting.get("lookup_min_match", 1),
+                                           "fallback_blocks": setting.get("fallback_blocks", 0)}))
     gamma = {} if setting["gamma"] is None else {"gamma": setting["gamma"]}  # verified: drafts take one pass anyway
     return generate_batched(settings.decoder(model.config), model.params, prompts, batch or len(prompts),
                             executables=model.executables, **gamma)
