@@ -22,14 +22,18 @@ def study(tmp_path, monkeypatch):
     from experiments.draft_training import long_run
 
     measured = []
+    key = f"verified_sbd_{long_run.FALLBACK_BLOCK}_fallback{long_run.FALLBACK_BLOCK - 1}"
 
     def fake_measure(arm, export, step, sizes, base):
         measured.append((arm, export, step))
-        return {"step": step, "verified_sbd_8": 1.0 + step / 1000}
+        return {"step": step, "verified_sbd_8": 1.0 + step / 1000, key: 1.5}
 
     monkeypatch.setattr(long_run, "measure", fake_measure)
+    monkeypatch.setattr(long_run, "model_and_prompts", lambda arm, export, sizes: measured.append(("fallback", export))
+                        or ("model", "prompts"))
+    monkeypatch.setattr(long_run, "fallback_rows", lambda model, prompts, ntp, sizes: {key: 1.6})
     results = tmp_path / "study.json"
-    results.write_text(json.dumps({"provenance": {}, "base": {}, "long_runs": {"cpu_adapter": {"points": [1]}}}))
+    results.write_text(json.dumps({"provenance": {}, "base": {"outputs": []}, "long_runs": {"cpu_adapter": {"points": [1]}}}))
     return long_run, str(results), measured
 
 
@@ -58,3 +62,22 @@ def test_a_missing_export_names_the_command_and_a_full_fine_tune_is_refused(tmp_
     full = recipe_results(tmp_path, {}, adapter_rank=0, name="cpu")
     with pytest.raises(SystemExit, match="not a gated adapter's run"):
         long_run.main(["--recipe-results", full, "--results", results])
+
+
+def test_a_point_measured_before_fallback_blocks_gets_their_rows_once(tmp_path, study):
+    long_run, results, measured = study
+    exports = {str(s): str(tmp_path / f"adapter_{s}") for s in (150, 300)}
+    for path in exports.values():
+        os.makedirs(path)
+    study_results = json.load(open(results))
+    study_results["long_runs"]["cpu_adapter_450steps"] = {"points": [{"step": 150, "verified_sbd_8": 1.3}]}
+    json.dump(study_results, open(results, "w"))
+    recipe = recipe_results(tmp_path, exports)
+    out = long_run.main(["--recipe-results", recipe, "--results", results])
+    points = out["long_runs"]["cpu_adapter_450steps"]["points"]
+    key = f"verified_sbd_{long_run.FALLBACK_BLOCK}_fallback{long_run.FALLBACK_BLOCK - 1}"
+    assert points[0]["verified_sbd_8"] == 1.3 and points[0][key] == 1.6 and "fallback_commit" in points[0]
+    assert points[1][key] == 1.5  # a new point: measure() gave its rows
+    assert measured == [("fallback", exports["150"]), ("adapter_lr10", exports["300"], 300)]
+    long_run.main(["--recipe-results", recipe, "--results", results])
+    assert len(measured) == 2  # nothing measured or added again

@@ -8,7 +8,8 @@ measure (`run.measure`), so that its curve continues theirs.
 
 Each run is named by its results folder and kept under "long_runs" in results.json. Resumable: a milestone
 already there is not measured again. Minutes of training per point are its step times the run's median seconds
-per step (from the recipe's results.json).
+per step (from the recipe's results.json). A point measured before fallback blocks existed gets their rows
+(`run.fallback_rows`) added, with the commit that measured them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import json
 import os
 import sys
 
-from experiments.draft_training.run import HERE, STUDY, measure
+from experiments.draft_training.run import FALLBACK_BLOCK, HERE, STUDY, fallback_rows, measure, model_and_prompts
 from sbd_jax.evaluation.results import commit, write_json
 
 
@@ -39,8 +40,15 @@ def main(argv: list[str] | None = None) -> dict:
     run = results.setdefault("long_runs", {}).setdefault(name, {"points": []})
     run.update(command=recipe["command"], seconds_per_step=recipe["train"]["median_seconds_per_step"],
                steps=recipe["train"]["steps"], trained_at=recipe["provenance"]["commit"])
+    fallback_key = f"verified_sbd_{FALLBACK_BLOCK}_fallback{FALLBACK_BLOCK - 1}"
     for step, export in sorted((int(s), path) for s, path in recipe["train"]["milestones"].items()):
-        if any(p["step"] == step for p in run["points"]):
+        point = next((p for p in run["points"] if p["step"] == step), None)
+        if point is not None and fallback_key not in point and os.path.isdir(export):
+            model, prompts = model_and_prompts("adapter_lr10", export, STUDY)
+            point.update(fallback_rows(model, prompts, results["base"]["outputs"], STUDY), fallback_commit=commit())
+            write_json(args.results, results)
+            print(json.dumps({name: {"step": step, "fallback rows added": fallback_key}}), flush=True)
+        if point is not None:
             continue
         if not os.path.isdir(export):
             raise SystemExit(f"{export} is missing: train it with {recipe['command']} --train-until {step}")

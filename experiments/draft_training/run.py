@@ -93,13 +93,64 @@ def seconds_per_step(name: str, objective: dict, sizes: dict, scratch: str) -> f
 
 def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> dict:
     """The arm's numbers at `step` (its model exported to `export`) on the validation prompts."""
+    from experiments.draft_training.acceptance import conditional_acceptance
+    from recipes.smollm2_sbd.prompts import heldout_source_files
+    from sbd_jax.evaluation.measure import decode, heldout_ntp_loss
+
+    model, prompts = model_and_prompts(name, export, sizes)
+    ntp_setting = dict(mode="ntp", block_size=1, gamma=None, proxy=None)
+    if is_adapter(name):
+        ntp = base_ntp["outputs"]  # the base's NTP, exactly (tested), not recomputed
+    else:
+        ntp = [r.token_ids for r in decode(model, ntp_setting, prompts, sizes["max_new"])[0]]
+    out: dict[str, Any] = {"step": step}
+    for k in (4, 8):
+        for drafts in ("sbd", "hybrid"):
+            out.update(verified_row(model, prompts, ntp, sizes, k, drafts))
+    if is_adapter(name):
+        out.update(fallback_rows(model, prompts, ntp, sizes))
+    out["acceptance_8"] = conditional_acceptance(model.config, model.params, prompts, ntp, 8)
+    plain = decode(model, dict(mode="sbd", block_size=4, gamma=0.1, proxy="entropy"), prompts, sizes["max_new"])[0]
+    out["plain_sbd_4_agreement"] = sum(r.token_ids == o for r, o in zip(plain, ntp)) / len(ntp)
+    out["plain_sbd_4_tokens_per_forward"] = sum(len(r.token_ids) for r in plain) / sum(r.nfe for r in plain)
+    out["heldout_ntp_loss"] = (base_ntp["heldout_ntp_loss"] if is_adapter(name) else
+                               heldout_ntp_loss(model, heldout_source_files(), sizes["seq_len"],
+                                                max_rows=sizes["loss_rows"]))
+    return out
+
+
+def verified_row(model: Any, prompts: list, ntp: list, sizes: dict, k: int, drafts: str, fallback: int = 0) -> dict:
+    """Tokens per forward of verified decoding (`verified_{drafts}_{k}`, with `_fallback{n}` where it has
+    fallback blocks) and how many outputs equal `ntp` (`..._identical`)."""
+    from sbd_jax.evaluation.measure import decode
+
+    name = f"verified_{drafts}_{k}" + (f"_fallback{fallback}" if fallback else "")
+    setting = dict(mode=f"verified_{drafts}", block_size=k, gamma=None, proxy=None, verify=True, drafts=drafts,
+                   fallback_blocks=fallback)
+    results = decode(model, setting, prompts, sizes["max_new"])[0]
+    return {name: sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results),
+            f"{name}_identical": sum(r.token_ids == o for r, o in zip(results, ntp))}
+
+
+FALLBACK_BLOCK = 4  # fallback blocks at block 4 (3 of them, 20-token passes): on validation as many tokens per
+# forward as block 8 with 7 (72 tokens), at a third of the CPU time (benchmarks/results/fallback_blocks_cpu.json)
+
+
+def fallback_rows(model: Any, prompts: list, ntp: list, sizes: dict) -> dict:
+    """SBD and hybrid drafts with every fallback block at block `FALLBACK_BLOCK` (the long runs' points)."""
+    return {key: value for drafts in ("sbd", "hybrid")
+            for key, value in verified_row(model, prompts, ntp, sizes, FALLBACK_BLOCK, drafts,
+                                           FALLBACK_BLOCK - 1).items()}
+
+
+def model_and_prompts(name: str, export: str, sizes: dict) -> tuple[Any, list]:
+    """The arm's model exported to `export` (an adapter on the base SmolLM2, or a full fine-tune) and the first
+    validation prompts, chat-encoded."""
     import jax
 
-    from experiments.draft_training.acceptance import conditional_acceptance
     from recipes.smollm2_sbd.eval import chat
-    from recipes.smollm2_sbd.prompts import heldout_source_files
     from sbd_jax.data.jsonl import iter_jsonl
-    from sbd_jax.evaluation.measure import EvaluatedModel, decode, heldout_ntp_loss
+    from sbd_jax.evaluation.measure import EvaluatedModel
     if is_adapter(name):
         from sbd_jax.api import load
 
@@ -110,27 +161,7 @@ def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> d
 
         model = load_hf(name, export, scan_layers=False, dtype="float32")
     questions = [row["prompt"] for _, row in iter_jsonl(os.path.join(DATA, "valid.jsonl"))][: sizes["valid"]]
-    prompts = [chat(model.tokenizer, q) for q in questions]
-    ntp_setting = dict(mode="ntp", block_size=1, gamma=None, proxy=None)
-    if is_adapter(name):
-        ntp = base_ntp["outputs"]  # the base's NTP, exactly (tested), not recomputed
-    else:
-        ntp = [r.token_ids for r in decode(model, ntp_setting, prompts, sizes["max_new"])[0]]
-    out: dict[str, Any] = {"step": step}
-    for k in (4, 8):
-        for drafts in ("sbd", "hybrid"):
-            setting = dict(mode=f"verified_{drafts}", block_size=k, gamma=None, proxy=None, verify=True, drafts=drafts)
-            results = decode(model, setting, prompts, sizes["max_new"])[0]
-            out[f"verified_{drafts}_{k}"] = sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results)
-            out[f"verified_{drafts}_{k}_identical"] = sum(r.token_ids == o for r, o in zip(results, ntp))
-    out["acceptance_8"] = conditional_acceptance(model.config, model.params, prompts, ntp, 8)
-    plain = decode(model, dict(mode="sbd", block_size=4, gamma=0.1, proxy="entropy"), prompts, sizes["max_new"])[0]
-    out["plain_sbd_4_agreement"] = sum(r.token_ids == o for r, o in zip(plain, ntp)) / len(ntp)
-    out["plain_sbd_4_tokens_per_forward"] = sum(len(r.token_ids) for r in plain) / sum(r.nfe for r in plain)
-    out["heldout_ntp_loss"] = (base_ntp["heldout_ntp_loss"] if is_adapter(name) else
-                               heldout_ntp_loss(model, heldout_source_files(), sizes["seq_len"],
-                                                max_rows=sizes["loss_rows"]))
-    return out
+    return model, [chat(model.tokenizer, q) for q in questions]
 
 
 def base_reference(sizes: dict) -> dict:
