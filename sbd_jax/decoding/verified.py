@@ -152,13 +152,6 @@ class VerifiedSBDDecoder(BlockDecoder):
         block position j + 1 of this pass (tests swap in a variant off by one position)."""
         return jnp.roll(q_logits, -1, axis=1)
 
-    @staticmethod
-    def next_block(whole: jax.Array, accepted: jax.Array) -> jax.Array:
-        """`[B]`: which of this pass's blocks holds the next drafts: 0 (after every pending token) where every
-        draft was accepted, else fallback block `accepted` (block 1 + accepted), placed after the tokens
-        kept (tests swap in a variant that takes the wrong one)."""
-        return jnp.where(whole, 0, 1 + accepted)
-
     def __post_init__(self) -> None:
         check_draft_source(self.drafts)
         check_lookup_min_match(self.lookup_min_match, self.drafts)
@@ -300,7 +293,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                 # max_new_tokens can still reach.
                 whole = accepted == s.pending_count - 1
                 holds = (whole | (accepted < self.fallbacks)) & ~done
-                chosen = jnp.minimum(self.next_block(whole, accepted), self.fallbacks)
+                chosen = jnp.minimum(jnp.where(whole, 0, 1 + accepted), self.fallbacks)  # block 0: after all
                 q_logits = dist(jnp.take_along_axis(block_logits, chosen[:, None, None, None], axis=1)[:, 0])
                 block = draw(q_logits, draft_rng, self.temperature).at[:, 0].set(next_token)
                 pending = jnp.where(holds[:, None], block, pending)
