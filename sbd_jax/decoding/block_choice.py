@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from sbd_jax.decoding.settings import Settings
+from sbd_jax.decoding.verified import fallbacks_used
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import WithWeights
 
@@ -93,7 +94,7 @@ def decoder_for(config: Any, block_size: int, max_new_tokens: int, drafts: str =
 def pass_tokens(block_size: int, drafts: str, fallback_blocks: int = 0) -> int:
     """Tokens a row in one verified pass: the k pending tokens, and unless lookup the k-token masked block
     and its fallback copies (at most k - 1)."""
-    return block_size if drafts == "lookup" else (2 + min(fallback_blocks, block_size - 1)) * block_size
+    return block_size if drafts == "lookup" else (2 + fallbacks_used(fallback_blocks, block_size)) * block_size
 
 
 def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, max_new_tokens: int,

@@ -59,6 +59,11 @@ def check_fallback_blocks(fallback_blocks: int, drafts: str) -> None:
                         "'sbd' or 'hybrid' (--drafts), or drop them for lookup")
 
 
+def fallbacks_used(fallback_blocks: int, block_size: int) -> int:
+    """The fallback blocks a pass runs: at most one for each of the k - 1 drafts that can be rejected."""
+    return min(fallback_blocks, block_size - 1)
+
+
 def sbd_preferred(sbd_kept: jax.Array, sbd_passes: jax.Array, lookup_kept: jax.Array,
                   lookup_passes: jax.Array) -> jax.Array:
     """Hybrid's choice, per row, where lookup has a match: SBD's block if its drafts have been kept at
@@ -160,8 +165,8 @@ class VerifiedSBDDecoder(BlockDecoder):
 
     @property
     def fallbacks(self) -> int:
-        """The fallback blocks run: at most one for each of the k - 1 drafts that can be rejected."""
-        return min(self.fallback_blocks, self.block_size - 1)
+        """The fallback blocks this decoder's pass runs (`fallbacks_used`)."""
+        return fallbacks_used(self.fallback_blocks, self.block_size)
 
     @property
     def needs_mask_token(self) -> str | None:
