@@ -129,9 +129,7 @@ def main(argv: list[str]) -> None:
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
     if auto:
-        choice = model.choose_block_size(texts, batch=len(texts), chat=args.chat, max_new_tokens=args.max_new_tokens,
-                                         drafts=args.drafts, lookup_min_match=args.lookup_min_match,
-                                         fallback_blocks=args.fallback_blocks)
+        choice = model.choose_block_size(texts, len(texts), settings, chat=args.chat)
         print(f"[--block-size auto at batch {len(texts)}: {choice.describe()}]", file=sys.stderr)
         settings = (dataclasses.replace(settings, mode="ntp", verify=False) if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))

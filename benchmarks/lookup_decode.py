@@ -127,8 +127,8 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
     out = []
     for batch, n in speed_batches(args):
         for m in args.min_matches:
-            choice = measure_block_choice(model, test[:n], batch, args.block_sizes, MAX_NEW_TOKENS, drafts="lookup",
-                                          lookup_min_match=m)
+            choice = measure_block_choice(model, test[:n], batch, args.block_sizes, MAX_NEW_TOKENS,
+                                          verified=verified("lookup", 16, MAX_NEW_TOKENS, m))
             speed = {1: 1.0, **{k: r["vs_ntp"] for k in args.block_sizes for r in rows
                                 if r["batch"] == batch and r["decoder"] == lookup_name(k, m)}}
             fastest = max(speed, key=speed.get)

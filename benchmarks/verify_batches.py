@@ -74,6 +74,7 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
         pass_tokens,
     )
     from sbd_jax.decoding.generate import Executables
+    from sbd_jax.decoding.settings import Settings
     from sbd_jax.roofline import HARDWARE, slowdown
 
     longest = max(map(len, prompts + calibration))
@@ -81,11 +82,12 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
     calibrated = calibrate(model, calibration, blocks, max_new_tokens, batch=len(calibration)).tokens_per_forward
     slots = {k: cache_slots(model.config, prompts, k, max_new_tokens, longest) for k in (1, *blocks)}
     rows, sources = [], ("sbd", *others)
+    verified = {drafts: Settings(mode="sbd", verify=True, drafts=drafts) for drafts in sources}
     for batch in batches:
         n_prompts = min(-(-min_prompts // batch) * batch, len(prompts) // batch * batch)
         # sbd and hybrid passes have the same 2k tokens: one timing serves both
         bare_of = {kind: bare_forward_seconds(model, prompts, blocks, batch, max_new_tokens, calls, pad_to=longest,
-                                              drafts=kind) for kind in {pass_kind(d) for d in sources}}
+                                              verified=verified[kind]) for kind in {pass_kind(d) for d in sources}}
         ntp_bare = bare_of["sbd"][1]  # one timing of NTP's forward for every row's ideal speed-up
         group = []
         for k, drafts in [(1, None)] + [(k, d) for d in sources for k in blocks]:
@@ -108,7 +110,7 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
                           "pass_overhead": seconds / iterations / mean_bare,
                           "ideal_speedup": tokens / nfe * ntp_bare / mean_bare,
                           "h100_roofline_speedup": tokens / nfe / slowdown(
-                              HARDWARE["h100-bf16"], shape, batch, 1 if k == 1 else pass_tokens(k, drafts), context)})
+                              HARDWARE["h100-bf16"], shape, batch, pass_tokens(k, verified[drafts or "sbd"]), context)})
         ntp = group[0]
         for row in group:
             row["speedup"] = row["tokens_per_second"] / ntp["tokens_per_second"]

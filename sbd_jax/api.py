@@ -8,6 +8,7 @@
     outs = model.generate(prompts, mode="sbd", block_size=8, verify=True, drafts="lookup")  # any model
     outs[0].text, outs[0].token_ids, outs[0].nfe
     choice = model.choose_block_size(prompts, batch=8)  # verified SBD's fastest k here (1: NTP)
+    choice = model.choose_block_size(prompts, batch=1, drafts="lookup", max_new_tokens=256)  # as generate's
 
 `sample.py` is a command line over this module.
 """
@@ -53,10 +54,7 @@ class SBDModel:
         Give `settings`, or their fields as keywords (`mode="sbd", block_size=8, verify=True, ...`).
         `chat` wraps each prompt as a user turn; `max_cache_len` caps the KV cache (default: the
         model's context)."""
-        if settings is None:
-            settings = Settings(**options)
-        elif options:
-            raise UserError(f"give settings or keyword options, not both (got {', '.join(options)})")
+        settings = settings_of(settings, options)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
         ids = [self.encode(text, chat) for text in texts]
         generations, self.last_timing = generate(settings.decoder(self.config), self.params, ids, seed=seed,
@@ -64,19 +62,29 @@ class SBDModel:
                                                  executables=self.executables)
         return [g._replace(text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
 
-    def choose_block_size(self, prompts: str | Sequence[str], batch: int, *, chat: bool = False,
-                          block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
-                          calibration_tokens: int = 64, drafts: str = "sbd", lookup_min_match: int = 1,
-                          fallback_blocks: int = 0) -> BlockChoice:
-        """The block size at which verified SBD decodes fastest at `batch` rows generating up to
-        `max_new_tokens` on this machine (1: NTP), by the rule of `sbd_jax.decoding.block_choice`: tokens per
-        forward measured on the first `calibration_tokens` of greedy verified decoding of `prompts` (a few
-        like those to be served), bare forwards timed here, for the draft source `drafts` (sbd, lookup,
-        hybrid; `lookup_min_match` and `fallback_blocks` as in `Settings`). Its `describe()` says what it measured."""
+    def choose_block_size(self, prompts: str | Sequence[str], batch: int, settings: Settings | None = None, *,
+                          chat: bool = False, block_sizes: Sequence[int] = BLOCK_SIZES, calibration_tokens: int = 64,
+                          **options: Any) -> BlockChoice:
+        """The block size at which verified SBD decodes fastest at `batch` rows on this machine (1: NTP), by
+        the rule of `sbd_jax.decoding.block_choice`: tokens per forward measured on the first
+        `calibration_tokens` of greedy verified decoding of `prompts` (a few like those to be served), bare
+        forwards timed here. The decode to price is `settings` (verified SBD: its draft source, shortest
+        lookup match, fallback blocks and max_new_tokens; its block size is what is chosen) or `Settings`
+        keyword options (`max_new_tokens=`, `drafts=`, ...) with mode sbd and verify implied. Its
+        `describe()` says what it measured."""
+        settings = settings_of(settings, options, mode="sbd", verify=True)
         texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes, max_new_tokens,
-                                    calibration_tokens, drafts=drafts, lookup_min_match=lookup_min_match,
-                                    fallback_blocks=fallback_blocks)
+        return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes,
+                                    settings.max_new_tokens, calibration_tokens, verified=settings)
+
+
+def settings_of(settings: Settings | None, options: dict[str, Any], **implied: Any) -> Settings:
+    """`settings`, or `Settings` made of keyword `options` over `implied` defaults; never both."""
+    if settings is None:
+        return Settings(**{**implied, **options})
+    if options:
+        raise UserError(f"give settings or keyword options, not both (got {', '.join(options)})")
+    return settings
 
 
 def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None,

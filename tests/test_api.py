@@ -63,6 +63,8 @@ def test_bad_settings_are_refused_before_any_model_is_loaded(options, message):
 def test_settings_and_keywords_together_are_refused(model):
     with pytest.raises(UserError, match="give settings or keyword options, not both"):
         model.generate("x", Settings(), max_new_tokens=4)
+    with pytest.raises(UserError, match="give settings or keyword options, not both"):
+        model.choose_block_size("x", 1, Settings(mode="sbd", verify=True), drafts="lookup")
 
 
 def test_choose_block_size_measures_the_drafts_and_picks_a_block_or_ntp(model):

@@ -148,22 +148,39 @@ def test_the_block_size_rule_refuses_impossible_measurements():
         measure_block_choice(holder, PROMPTS, batch=1, calibration_tokens=0)
 
 
+def test_the_block_size_rule_prices_and_calibrates_the_decode_it_is_given():
+    from sbd_jax.decoding.block_choice import at_block_size, pass_tokens
+
+    hybrid = Settings(mode="sbd", verify=True, drafts="hybrid", fallback_blocks=7, temperature=0.7, max_new_tokens=9)
+    assert pass_tokens(1, hybrid) == 1  # NTP's step
+    assert pass_tokens(4, hybrid) == (2 + 3) * 4  # pending, block, at most k - 1 fallback blocks
+    assert pass_tokens(8, hybrid) == (2 + 7) * 8
+    assert pass_tokens(8, Settings(mode="sbd", verify=True, drafts="lookup")) == 8
+    calibrated = at_block_size(hybrid, 4, 32)  # the draft options kept, greedy, the calibration's length
+    assert (calibrated.block_size, calibrated.max_new_tokens, calibrated.temperature, calibrated.drafts,
+            calibrated.fallback_blocks) == (4, 32, 0.0, "hybrid", 7)
+    assert at_block_size(hybrid, 1, 32) == Settings(max_new_tokens=32)
+    with pytest.raises(UserError, match="the block-size rule measures verified SBD"):
+        at_block_size(Settings(mode="sbd"), 4, 32)
+
+
 def test_the_calibration_counts_one_token_passes_for_lookup_only():
     from sbd_jax.decoding.block_choice import calibrate
 
     cfg, params = model("llama")
     holder = type("Model", (), {"config": cfg, "params": params})()
-    one_by_one = calibrate(holder, PROMPTS, (8,), 24, batch=1, drafts="lookup", lookup_min_match=3)
+    lookup = Settings(mode="sbd", verify=True, drafts="lookup", lookup_min_match=3)
+    one_by_one = calibrate(holder, PROMPTS, (8,), 24, batch=1, verified=lookup)
     expected = []
     for prompt in PROMPTS:  # at batch 1 a pass runs narrow exactly where the replay drafts nothing
         (ntp,), _ = generate(NTPDecoder(cfg, max_new_tokens=24), params, [prompt])
         replay = replay_lookup(prompt, ntp.token_ids, 7, 24, min_match=3)
         expected.append((replay.forwards - replay.drafting_passes, replay.forwards))
     assert one_by_one.narrow_share[8] == sum(n for n, _ in expected) / sum(f for _, f in expected) > 0
-    together = calibrate(holder, PROMPTS, (8,), 24, batch=len(PROMPTS), drafts="lookup", lookup_min_match=3)
+    together = calibrate(holder, PROMPTS, (8,), 24, batch=len(PROMPTS), verified=lookup)
     assert together.tokens_per_forward == one_by_one.tokens_per_forward  # the same outputs, the same drafts
     assert together.narrow_share[8] < one_by_one.narrow_share[8]  # a pass is narrow only if no row drafts
-    assert calibrate(holder, PROMPTS, (8,), 24, batch=1, drafts="sbd").narrow_share == {8: 0.0}
+    assert calibrate(holder, PROMPTS, (8,), 24, batch=1).narrow_share == {8: 0.0}  # SBD's drafts
 
 
 def test_hybrid_prefers_the_source_whose_drafts_were_kept_more_per_pass_spent():

@@ -81,20 +81,33 @@ class BlockChoice:
             for k, s in self.predicted_speedups.items())
 
 
-def decoder_for(config: Any, block_size: int, max_new_tokens: int, drafts: str = "sbd",
-                lookup_min_match: int = 1, fallback_blocks: int = 0) -> Any:
-    """Greedy NTP (`block_size` 1) or verified SBD at `block_size` with `drafts`, stopping at the model's EOS ids."""
-    settings = (Settings(max_new_tokens=max_new_tokens) if block_size == 1
-                else Settings(mode="sbd", block_size=block_size, verify=True, drafts=drafts,
-                              lookup_min_match=lookup_min_match, fallback_blocks=fallback_blocks,
-                              max_new_tokens=max_new_tokens))
-    return settings.decoder(config)
+VERIFIED = Settings(mode="sbd", verify=True)  # the drafts the rule calibrates unless told: SBD's block
 
 
-def pass_tokens(block_size: int, drafts: str, fallback_blocks: int = 0) -> int:
-    """Tokens a row in one verified pass: the k pending tokens, and unless lookup the k-token masked block
-    and its fallback copies (at most k - 1)."""
-    return block_size if drafts == "lookup" else (2 + fallbacks_used(fallback_blocks, block_size)) * block_size
+def at_block_size(verified: Settings, block_size: int, max_new_tokens: int) -> Settings:
+    """Greedy NTP (`block_size` 1), or greedy verified decoding with `verified`'s draft options (source,
+    shortest lookup match, fallback blocks) at `block_size`, up to `max_new_tokens`. Greedy whatever
+    `verified`'s temperature: the rule calibrates on greedy decodes, which are reproducible."""
+    if not verified.verify:
+        raise UserError("the block-size rule measures verified SBD: give settings with mode 'sbd' and verify "
+                        "(--mode sbd --verify)")
+    if block_size == 1:
+        return Settings(max_new_tokens=max_new_tokens)
+    return dataclasses.replace(verified, block_size=block_size, max_new_tokens=max_new_tokens, temperature=0.0,
+                               top_p=1.0)
+
+
+def decoder_for(config: Any, block_size: int, max_new_tokens: int, verified: Settings = VERIFIED) -> Any:
+    """The decoder of `at_block_size`, stopping at the model's EOS ids."""
+    return at_block_size(verified, block_size, max_new_tokens).decoder(config)
+
+
+def pass_tokens(block_size: int, verified: Settings = VERIFIED) -> int:
+    """Tokens a row in one forward at `block_size` (1: NTP's one token): the k pending tokens, and unless
+    lookup drafts the k-token masked block and its fallback copies (at most k - 1)."""
+    if block_size == 1 or verified.drafts == "lookup":
+        return block_size
+    return (2 + fallbacks_used(verified.fallback_blocks, block_size)) * block_size
 
 
 def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, max_new_tokens: int,
@@ -102,19 +115,20 @@ def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, 
     """The KV-cache slots `generate` gives NTP (`block_size` 1) or verified SBD for these prompts."""
     from sbd_jax.decoding.generate import pad_prompts
 
-    decoder = decoder_for(config, block_size, max_new_tokens, "lookup")  # every draft source: the same slots
+    # every draft source gets the same slots; lookup's decoder needs no mask token
+    decoder = decoder_for(config, block_size, max_new_tokens, dataclasses.replace(VERIFIED, drafts="lookup"))
     return pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, None, config, pad_to=pad_to)[2]
 
 
 def bare_forward_seconds(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], batch: int,
-                         max_new_tokens: int, calls: int = 10, pad_to: int = 0, drafts: str = "sbd",
-                         fallback_blocks: int = 0) -> dict[int, float]:
+                         max_new_tokens: int, calls: int = 10, pad_to: int = 0,
+                         verified: Settings = VERIFIED) -> dict[int, float]:
     """Seconds of one bare forward at `batch` rows, in the middle of decoding these prompts, in the cache
-    the decoder would get: key 1 for NTP's one token a row, key k for verified SBD's pass (`pass_tokens`)."""
+    the decoder would get: key 1 for NTP's one token a row, key k for a verified pass (`pass_tokens`)."""
     from sbd_jax.decoding.timing import forward_seconds
 
     context = max(pad_to, *map(len, prompts)) + max_new_tokens // 2
-    return {k: forward_seconds(model, batch, 1 if k == 1 else pass_tokens(k, drafts, fallback_blocks), context, calls,
+    return {k: forward_seconds(model, batch, pass_tokens(k, verified), context, calls,
                                capacity=cache_slots(model.config, prompts, k, max_new_tokens, pad_to))
             for k in (1, *block_sizes)}
 
@@ -127,7 +141,7 @@ class Calibration(NamedTuple):
 
 
 def calibrate(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes: Sequence[int], max_new_tokens: int,
-              batch: int = 8, drafts: str = "sbd", lookup_min_match: int = 1, fallback_blocks: int = 0) -> Calibration:
+              batch: int = 8, verified: Settings = VERIFIED) -> Calibration:
     """Greedy verified decoding of these prompts at each block size, `batch` rows at a time (its output is
     NTP's at every k; only the forwards it takes differ, and with lookup drafts which of them run narrow,
     which depends on the batch)."""
@@ -135,7 +149,7 @@ def calibrate(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes:
 
     tokens, narrow = {}, {}
     for k in block_sizes:
-        decoder = decoder_for(model.config, k, max_new_tokens, drafts, lookup_min_match, fallback_blocks)
+        decoder = decoder_for(model.config, k, max_new_tokens, verified)
         generations = generate_batched(decoder, model.params, prompts, batch)[0]
         tokens[k] = tokens_per_pass(generations)
         narrow[k] = sum(g.narrow_passes for g in generations) / max(sum(g.nfe for g in generations), 1)
@@ -144,16 +158,16 @@ def calibrate(model: WithWeights, prompts: Sequence[Sequence[int]], block_sizes:
 
 def measure_block_choice(model: WithWeights, prompts: Sequence[Sequence[int]], batch: int,
                          block_sizes: Sequence[int] = BLOCK_SIZES, max_new_tokens: int = 128,
-                         calibration_tokens: int = 64, calls: int = 10, drafts: str = "sbd",
-                         lookup_min_match: int = 1, fallback_blocks: int = 0) -> BlockChoice:
+                         calibration_tokens: int = 64, calls: int = 10, verified: Settings = VERIFIED) -> BlockChoice:
     """Calibrates and applies the rule for verified SBD at `batch` rows generating up to `max_new_tokens`:
-    tokens per forward (and, with lookup drafts at `lookup_min_match`, the share of passes run narrow)
-    measured on the first `calibration_tokens` of greedy verified decoding of `prompts` (a few like those to
-    be served) at `batch` rows, bare forwards timed on this machine in the cache such a decode gets.
-    `model` has `.config` (with a mask token unless `drafts` is lookup) and `.params`. Costs a short greedy
-    decode per candidate and a few hundred forwards. The draft source is the caller's (`drafts`), not
-    chosen here: sbd / hybrid need an SBD fine-tune, and which source to trust is the user's call; each
-    source's k is a separate calibration."""
+    tokens per forward (and, with lookup drafts, the share of passes run narrow) measured on the first
+    `calibration_tokens` of greedy verified decoding of `prompts` (a few like those to be served) at `batch`
+    rows, bare forwards timed on this machine in the cache such a decode gets. `verified` carries the draft
+    options (source, shortest lookup match, fallback blocks; its block size and temperature are not read).
+    `model` has `.config` (with a mask token unless the drafts are lookup) and `.params`. Costs a short
+    greedy decode per candidate and a few hundred forwards. The draft source is the caller's, not chosen
+    here: sbd / hybrid need an SBD fine-tune, and which source to trust is the user's call; each source's k
+    is a separate calibration."""
     from sbd_jax.decoding.base import check_whole_number
 
     check_whole_number("batch", batch, 1)
@@ -161,10 +175,8 @@ def measure_block_choice(model: WithWeights, prompts: Sequence[Sequence[int]], b
     check_whole_number("max_new_tokens", max_new_tokens, 1)
     if not block_sizes or min(block_sizes) < 2:
         raise UserError(f"block sizes to choose from must be >= 2 (got {list(block_sizes)})")
-    measured = calibrate(model, prompts, block_sizes, min(max_new_tokens, calibration_tokens), batch, drafts,
-                         lookup_min_match, fallback_blocks)
-    bare = bare_forward_seconds(model, prompts, block_sizes, batch, max_new_tokens, calls, drafts=drafts,
-                                fallback_blocks=fallback_blocks)
+    measured = calibrate(model, prompts, block_sizes, min(max_new_tokens, calibration_tokens), batch, verified)
+    bare = bare_forward_seconds(model, prompts, block_sizes, batch, max_new_tokens, calls, verified=verified)
     chosen = choose_block_size(measured.tokens_per_forward, {k: bare[k] for k in block_sizes}, bare[1],
                                measured.narrow_share)
     return BlockChoice(chosen, measured.tokens_per_forward, bare, measured.narrow_share)
