@@ -22,7 +22,7 @@ def study(tmp_path, monkeypatch):
     from experiments.draft_training import long_run
 
     measured = []
-    key = f"verified_sbd_{long_run.FALLBACK_BLOCK}_fallback{long_run.FALLBACK_BLOCK - 1}"
+    key = long_run.FALLBACK_KEY
 
     def fake_measure(arm, export, step, sizes, base):
         measured.append((arm, export, step))
@@ -75,7 +75,7 @@ def test_a_point_measured_before_fallback_blocks_gets_their_rows_once(tmp_path, 
     recipe = recipe_results(tmp_path, exports)
     out = long_run.main(["--recipe-results", recipe, "--results", results])
     points = out["long_runs"]["cpu_adapter_450steps"]["points"]
-    key = f"verified_sbd_{long_run.FALLBACK_BLOCK}_fallback{long_run.FALLBACK_BLOCK - 1}"
+    key = long_run.FALLBACK_KEY
     assert points[0]["verified_sbd_8"] == 1.3 and points[0][key] == 1.6 and "fallback_commit" in points[0]
     assert points[1][key] == 1.5  # a new point: measure() gave its rows
     assert measured == [("fallback", exports["150"]), ("adapter_lr10", exports["300"], 300)]

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from experiments.draft_training.run import FALLBACK_BLOCK, HERE, STUDY, fallback_rows, measure, model_and_prompts
+from experiments.draft_training.run import FALLBACK_KEY, HERE, STUDY, fallback_rows, measure, model_and_prompts
 from sbd_jax.evaluation.results import commit, write_json
 
 
@@ -40,14 +40,13 @@ def main(argv: list[str] | None = None) -> dict:
     run = results.setdefault("long_runs", {}).setdefault(name, {"points": []})
     run.update(command=recipe["command"], seconds_per_step=recipe["train"]["median_seconds_per_step"],
                steps=recipe["train"]["steps"], trained_at=recipe["provenance"]["commit"])
-    fallback_key = f"verified_sbd_{FALLBACK_BLOCK}_fallback{FALLBACK_BLOCK - 1}"
     for step, export in sorted((int(s), path) for s, path in recipe["train"]["milestones"].items()):
         point = next((p for p in run["points"] if p["step"] == step), None)
-        if point is not None and fallback_key not in point and os.path.isdir(export):
+        if point is not None and FALLBACK_KEY not in point and os.path.isdir(export):
             model, prompts = model_and_prompts("adapter_lr10", export, STUDY)
             point.update(fallback_rows(model, prompts, results["base"]["outputs"], STUDY), fallback_commit=commit())
             write_json(args.results, results)
-            print(json.dumps({name: {"step": step, "fallback rows added": fallback_key}}), flush=True)
+            print(json.dumps({name: {"step": step, "fallback rows added": FALLBACK_KEY}}), flush=True)
         if point is not None:
             continue
         if not os.path.isdir(export):

@@ -3,7 +3,8 @@
     python -m experiments.draft_training.plot      # results.json -> results.png, beside this file
 
 Left: verified tokens per forward at block 8 with SBD drafts (the rule's measure) at each measured point,
-x = steps x the arm's own seconds per step; black: the winner's long runs (`long_run.py`).
+x = steps x the arm's own seconds per step; black: the winner's long runs (`long_run.py`), dotted: theirs
+with SBD drafts at block 4 and 3 fallback blocks.
 Right: the chance draft 1 is right (block 8, teacher-forced).
 The dashed line is verified decoding with prompt-lookup drafts (no training) on the same 24 validation
 prompts, from `benchmarks/results/hybrid_rule_cpu.json` (measured with the recipe's gated adapter, whose NTP
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+
+from experiments.draft_training.run import FALLBACK_KEY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -33,7 +36,7 @@ def plot(results: dict, out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 5.5))
     for name, arm in results["arms"].items():
         minutes = [p["step"] * arm["seconds_per_step"] / 60 for p in arm["points"]]
         left.plot(minutes, [p["verified_sbd_8"] for p in arm["points"]], marker="o", label=name)
@@ -44,12 +47,16 @@ def plot(results: dict, out: str) -> None:
                              (right, [100 * p["acceptance_8"][0] for p in run["points"]])):
             axis.plot(minutes, values, marker=marker, color="black",
                       label=f"long run {name} (adapter_lr10, {run['steps']} steps)")
-    left.axhline(lookup_tokens_per_forward(8), color="gray", linestyle="--", label="lookup drafts (no training)")
+        fallback = [(m, p[FALLBACK_KEY]) for m, p in zip(minutes, run["points"]) if FALLBACK_KEY in p]
+        if fallback:  # measured since fallback blocks exist (older points back-filled)
+            left.plot(*zip(*fallback), marker=marker, color="black", linestyle=":", markerfacecolor="none",
+                      label=f"long run {name}, {FALLBACK_KEY}")
+    left.axhline(lookup_tokens_per_forward(8), color="gray", linestyle="--", label="lookup drafts, block 8 (no training)")
     left.axhline(1.0, color="black", linewidth=0.5)
-    left.set(xlabel="CPU minutes of training", ylabel="verified tokens per forward, block 8",
+    left.set(xlabel="CPU minutes of training", ylabel="verified tokens per forward, SBD drafts",
              title="SBD drafts vs free lookup drafts")
     right.set(xlabel="CPU minutes of training", ylabel="draft 1 right (%)", title="first draft accepted")
-    left.legend(fontsize=8)
+    left.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.17), ncol=2)  # below: clear of the data
     fig.suptitle(f"SmolLM2-135M, {results['sizes']['valid']} validation prompts, "
                  f"{results['sizes']['max_new']} new tokens, greedy (commit {results['provenance']['commit']})",
                  fontsize=9)

@@ -134,6 +134,7 @@ def verified_row(model: Any, prompts: list, ntp: list, sizes: dict, k: int, draf
 
 FALLBACK_BLOCK = 4  # fallback blocks at block 4 (3 of them, 20-token passes): on validation as many tokens per
 # forward as block 8 with 7 (72 tokens), at a third of the CPU time (benchmarks/results/fallback_blocks_cpu.json)
+FALLBACK_KEY = f"verified_sbd_{FALLBACK_BLOCK}_fallback{FALLBACK_BLOCK - 1}"  # its SBD row (`verified_row`)
 
 
 def fallback_rows(model: Any, prompts: list, ntp: list, sizes: dict) -> dict:
