@@ -123,12 +123,14 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
     """What `--block-size auto` picks for lookup drafts at each batch and shortest match (calibrated on the same
     prompts as timed, 64 tokens), against the fastest block this run measured (NTP counts as block 1)."""
     from sbd_jax.decoding.block_choice import measure_block_choice
+    from sbd_jax.decoding.settings import Settings
 
     out = []
     for batch, n in speed_batches(args):
         for m in args.min_matches:
             choice = measure_block_choice(model, test[:n], batch, args.block_sizes, MAX_NEW_TOKENS,
-                                          verified=verified("lookup", 16, MAX_NEW_TOKENS, m))
+                                          verified=Settings(mode="sbd", verify=True, drafts="lookup",
+                                                            lookup_min_match=m))
             speed = {1: 1.0, **{k: r["vs_ntp"] for k in args.block_sizes for r in rows
                                 if r["batch"] == batch and r["decoder"] == lookup_name(k, m)}}
             fastest = max(speed, key=speed.get)
