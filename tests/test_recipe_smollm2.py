@@ -331,3 +331,29 @@ def test_the_headline_compares_every_row_with_the_base_models_ntp():
     fallback = measure(FakeEvaluations(), "test", 8, adapter=True, fallback_blocks=7)  # their own modes, last
     assert [(r["mode"], r["source"]) for r in fallback][4:] == [("verified_hybrid_fallback7", "hybrid"),
                                                                  ("sbd_verified_fallback7", "sbd")]
+
+
+def test_plain_sbd_chooses_gamma_on_validation_then_measures_it_on_test_against_ntp():
+    from recipes.smollm2_sbd.plain import closest_to_ntp, measure
+
+    evaluations, seen = FakeEvaluations(), []
+    results = measure(evaluations, 8, (0.35, 0.6), adapter=True, progress=lambda r: seen.append(len(r["valid"] + r["test"])))
+    assert [(r["split"], r["gamma"]) for r in results["valid"] + results["test"]] == [
+        ("valid", 0.35), ("valid", 0.6), ("test", 0.35)]
+    assert [r["agreement_with_ntp"] for r in results["valid"]] == [1.0, 0.0]  # γ 0.6 differs at token 3
+    assert results["valid"][1]["median_first_difference"] == 3
+    assert [r["mean_tokens_before_difference"] for r in results["valid"]] == [4.0, 3.0]  # identical: its length
+    assert results["chosen_gamma"] == 0.35 and "50%" in results["rule"] and seen == [1, 2, 3]
+    assert {a[0] for a in evaluations.asked if a[1] == "ntp"} == {"base"}  # an adapter's NTP is the base's
+    assert not any(a[1] == "sbd" and a[4] == "test" and a[3] != 0.35 for a in evaluations.asked)  # test: chosen γ only
+    full = FakeEvaluations()
+    measure(full, 8, (0.35,), adapter=False)
+    assert {a[0] for a in full.asked if a[1] == "ntp"} == {"tuned"}  # a full fine-tune against its own NTP
+    # No γ reaches the floor: the most identical outputs, then the latest first difference, then tokens/forward.
+    grid = [{"mode": "sbd", "block_size": 4, "gamma": g, "agreement_with_ntp": a, "mean_tokens_before_difference": m,
+             "tokens_per_forward": t} for g, a, m, t in ((0.1, 0.0, 40, 1.1), (0.35, 0.0, 12, 1.5), (0.6, 0.04, 3, 2.0),
+                                                         (1.0, 0.04, 3, 2.5))]
+    assert closest_to_ntp(grid, 4)[0] == 1.0
+    assert closest_to_ntp(grid[:2], 4)[0] == 0.1 and "closest" in closest_to_ntp(grid[:2], 4)[1]
+    with pytest.raises(ValueError, match="block 8"):
+        closest_to_ntp(grid, 8)

@@ -136,7 +136,10 @@ def summary(entry: dict, reference: dict | None) -> dict:
         firsts = [first_difference(a, b) for a, b in zip(entry["outputs"], reference["outputs"])]
         differing = sorted(f for f in firsts if f is not None)
         out.update(agreement_with_ntp=firsts.count(None) / len(firsts),
-                   median_first_difference=differing[len(differing) // 2] if differing else None)
+                   median_first_difference=differing[len(differing) // 2] if differing else None,
+                   # graded where whole outputs rarely agree (an identical output counts its length)
+                   mean_tokens_before_difference=sum(len(r) if f is None else f for f, r in
+                                                     zip(firsts, reference["outputs"])) / len(firsts))
     return out
 
 

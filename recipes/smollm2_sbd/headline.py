@@ -63,22 +63,21 @@ def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool
     return table
 
 
-def main(argv: Sequence[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every partial evaluation (this one, `plain.py`): which models, prompts and cache."""
     parser.add_argument("--base", default="smollm2-135m")
     parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory or a gated adapter's directory")
     parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
     parser.add_argument("--cache", required=True, help="the evaluation's entries.json (shared with eval.py)")
-    parser.add_argument("--block-size", type=int, default=8)
-    parser.add_argument("--split", choices=("valid", "test", "humaneval"), default="test")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
-                        help="also SBD and hybrid drafts with N fallback blocks (sample.py --fallback-blocks)")
-    parser.add_argument("--prompts", type=int, default=None, help="the split's first N prompts or problems "
+    parser.add_argument("--prompts", type=int, default=None, help="each split's first N prompts or problems "
                         "(default: all)")
-    args = parser.parse_args(argv)
 
+
+def models_and_prompts(args: argparse.Namespace, splits: Sequence[str]) -> tuple[dict, dict, bool]:
+    """The base and the fine-tune (float32 on a CPU), each split's prompts, and whether the fine-tune is a gated
+    adapter."""
     import jax
 
     from recipes.smollm2_sbd.humaneval import problems
@@ -86,13 +85,29 @@ def main(argv: Sequence[str]) -> None:
     from sbd_jax.data.jsonl import iter_jsonl
 
     dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
-    adapter = os.path.isfile(os.path.join(args.tuned, CONFIG))
-    if args.split == "humaneval":  # the evaluation's prompts, so that its entries are shared
-        prompts = humaneval_prompts(problems(args.prompts))
-    else:
-        prompts = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{args.split}.jsonl"))][: args.prompts]
+    prompts = {}
+    for split in splits:
+        if split == "humaneval":  # the evaluation's prompts, so that its entries are shared
+            prompts[split] = humaneval_prompts(problems(args.prompts))
+        else:
+            rows = iter_jsonl(os.path.join(args.data, f"{split}.jsonl"))
+            prompts[split] = [Prompt(r["prompt"]) for _, r in rows][: args.prompts]
     models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
-    evaluations = Evaluations(args.cache, models, {args.split: prompts}, args.max_new_tokens, args.batch_size)
+    return models, prompts, os.path.isfile(os.path.join(args.tuned, CONFIG))
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--split", choices=("valid", "test", "humaneval"), default="test")
+    parser.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
+                        help="also SBD and hybrid drafts with N fallback blocks (sample.py --fallback-blocks)")
+    args = parser.parse_args(argv)
+
+    models, split_prompts, adapter = models_and_prompts(args, (args.split,))
+    prompts = split_prompts[args.split]
+    evaluations = Evaluations(args.cache, models, split_prompts, args.max_new_tokens, args.batch_size)
 
     def write(table: list[dict]) -> None:  # after every row: a run cut short keeps what it measured
         write_json(os.path.join(os.path.dirname(args.cache), f"headline_{args.split}.json"),
