@@ -349,7 +349,7 @@ def test_plain_sbd_chooses_gamma_on_validation_then_measures_it_on_test_against_
     full = FakeEvaluations()
     measure(full, 8, (0.35,), adapter=False)
     assert {a[0] for a in full.asked if a[1] == "ntp"} == {"tuned"}  # a full fine-tune against its own NTP
-    # No γ reaches the floor: the most identical outputs, then the latest first difference, then tokens/forward.
+    # No γ reaches the floor: the most identical outputs, then the most tokens before the first difference.
     grid = [{"mode": "sbd", "block_size": 4, "gamma": g, "agreement_with_ntp": a, "mean_tokens_before_difference": m,
              "tokens_per_forward": t} for g, a, m, t in ((0.1, 0.0, 40, 1.1), (0.35, 0.0, 12, 1.5), (0.6, 0.04, 3, 2.0),
                                                          (1.0, 0.04, 3, 2.5))]

@@ -146,9 +146,13 @@ def summary(entry: dict, reference: dict | None) -> dict:
 def choose_gamma(validation: list[dict], block_size: int) -> float | None:
     """The γ with the most tokens per forward among those agreeing with NTP on >= AGREEMENT_FLOOR of the
     validation prompts (γ > 0: γ 0 is one token per pass); None if none does."""
-    within = [s for s in validation if s["mode"] == "sbd" and s["block_size"] == block_size and s["gamma"] > 0
-              and s["agreement_with_ntp"] >= AGREEMENT_FLOOR]
+    within = [s for s in plain_rows(validation, block_size) if s["agreement_with_ntp"] >= AGREEMENT_FLOOR]
     return max(within, key=lambda s: s["tokens_per_forward"])["gamma"] if within else None
+
+
+def plain_rows(validation: list[dict], block_size: int) -> list[dict]:
+    """The validation grid's plain SBD summaries at `block_size` that γ may be chosen from (γ > 0)."""
+    return [s for s in validation if s["mode"] == "sbd" and s["block_size"] == block_size and s["gamma"] > 0]
 
 
 def humaneval_scores(entry: dict, tokenizer: Any, problems: list[dict]) -> list[bool]:

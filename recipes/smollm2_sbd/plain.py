@@ -27,6 +27,7 @@ from recipes.smollm2_sbd.eval import (
     Evaluations,
     choose_gamma,
     ntp_setting,
+    plain_rows,
     sbd_setting,
     summary,
 )
@@ -39,7 +40,7 @@ def closest_to_ntp(validation: list[dict], block_size: int) -> tuple[float, str]
     chosen = choose_gamma(validation, block_size)
     if chosen is not None:
         return chosen, f"the most tokens per forward with agreement >= {AGREEMENT_FLOOR:.0%} on validation"
-    rows = [s for s in validation if s["mode"] == "sbd" and s["block_size"] == block_size and s["gamma"] > 0]
+    rows = plain_rows(validation, block_size)
     if not rows:
         raise ValueError(f"no plain SBD row at block {block_size} with γ > 0 on validation to choose from")
     best = max(rows, key=lambda s: (s["agreement_with_ntp"], s["mean_tokens_before_difference"],
