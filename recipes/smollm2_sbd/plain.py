@@ -25,13 +25,14 @@ from recipes.smollm2_sbd.eval import (
     AGREEMENT_FLOOR,
     VALIDATION_GAMMAS,
     Evaluations,
+    add_model_arguments,
     choose_gamma,
+    models_and_prompts,
     ntp_setting,
     plain_rows,
     sbd_setting,
     summary,
 )
-from recipes.smollm2_sbd.headline import add_model_arguments, models_and_prompts
 from sbd_jax.evaluation.results import provenance, write_json
 
 
@@ -71,7 +72,7 @@ def measure(evaluations: Evaluations, block_size: int, gammas: Sequence[float], 
 
 def main(argv: Sequence[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_arguments(parser)
+    add_model_arguments(parser, partial=True)
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--gammas", type=float, nargs="+", default=list(VALIDATION_GAMMAS),
                         help="the validation grid γ is chosen from")
@@ -79,7 +80,7 @@ def main(argv: Sequence[str]) -> None:
     if any(g <= 0 for g in args.gammas):
         parser.error(f"--gammas {args.gammas}: every γ must be > 0 (γ 0 decodes one token per pass)")
 
-    models, prompts, adapter = models_and_prompts(args, ("valid", "test"))
+    models, prompts, adapter, _ = models_and_prompts(args, ("valid", "test"), args.prompts)
     evaluations = Evaluations(args.cache, models, prompts, args.max_new_tokens, args.batch_size)
 
     def write(results: dict) -> None:  # after every row: a run cut short keeps what it measured
