@@ -50,6 +50,8 @@ def summary(results, timing=None) -> dict:
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
     lookup_drafted, lookup_accepted = sum(r.lookup_drafted for r in results), sum(r.lookup_accepted for r in results)
     out = {"tokens": tokens, "forwards": forwards, "tokens_per_forward": tokens / max(forwards, 1),
+           # passes run as the exact token alone (lookup: no row of the batch had drafts), which cost an NTP step
+           "narrow_share": sum(r.narrow_passes for r in results) / max(forwards, 1),
            "accepted_fraction": accepted / drafted if drafted else None,
            "lookup_share_of_drafts": lookup_drafted / drafted if drafted else None,
            "lookup_accepted_fraction": lookup_accepted / lookup_drafted if lookup_drafted else None}

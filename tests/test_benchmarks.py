@@ -46,6 +46,7 @@ def test_h200_script_smoke(tmp_path):
     for row in lookup["speed"]:  # verified decoding in fp32: NTP's very tokens, never more forwards than tokens
         assert row["identical_to_ntp"] == row["prompts"] and row["forwards"] <= row["tokens"]
         assert row["tokens_per_second"] > 0 and row["vs_ntp"] > 0
+        assert row["narrow_share"] == 0 if row["decoder"] == "ntp" else 0 <= row["narrow_share"] <= 1
     log = (tmp_path / "smoke_log.txt").read_text()
     assert "stage preflight: exit 0" in log and "stage sbd: exit 0" in log and "stage lookup: exit 0" in log
 

