@@ -1,0 +1,150 @@
+"""Token trees for verification: candidates merged into one tree, the tree's attention, the walk that keeps
+what the target agrees with, and the kept path's keys / values.
+
+A pass runs the root (the exact token just emitted, not yet cached) and N nodes after it. Node i has a token,
+a parent (0 = the root, p + 1 = node p) and a depth (the root's is 0); it runs at position cache length +
+depth and attends to the cache and to its ancestors only (itself included), so its logits are NTP's
+distribution after the root-to-node path, whatever else the pass holds. Nodes are ordered best first and
+every node's ancestors come before it, so the first w nodes are a tree too: one candidate set serves every
+pass width.
+
+Why the walk is exact (any tree whose tokens and shape are fixed before the pass's draws): at the node u it
+has reached, the emitted token y is the argmax (greedy) or a draw (sampling) of p_u, NTP's distribution
+given exactly the tokens emitted so far; the walk moves to u's child holding y if there is one (siblings hold
+distinct tokens, so at most one does) and stops after emitting y otherwise. Every emitted token is therefore
+NTP's choice given the emitted prefix, drawn with a fresh coin that nothing before it looked at; the tree
+decides only how many of those tokens one forward reveals, never which.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+class Tree(struct.PyTreeNode):
+    """`[B, N]` candidate nodes after the root, best first; a node with score 0 is absent."""
+
+    tokens: jax.Array
+    parents: jax.Array  # pass index of the parent: 0 the root, p + 1 node p
+    depths: jax.Array  # 1 .. max depth (an absent node: 1)
+    scores: jax.Array  # the estimated chance the walk keeps the node (ordering and the width rule)
+
+    @property
+    def present(self) -> jax.Array:
+        return self.scores > 0
+
+    def first(self, n: int) -> "Tree":
+        """The first `n` nodes: a tree of their own (ancestors come first)."""
+        return jax.tree.map(lambda x: x[:, :n], self)
+
+
+class Candidates(struct.PyTreeNode):
+    """`[B, M]` proposed nodes, each as its whole path from the root (`paths [B, M, D]`, the node's token at
+    depth - 1) with a score; a node's ancestors must be proposed too, none scored below it. Score 0: none."""
+
+    paths: jax.Array
+    depths: jax.Array
+    scores: jax.Array
+
+    @staticmethod
+    def concatenate(parts: list["Candidates"]) -> "Candidates":
+        return jax.tree.map(lambda *x: jnp.concatenate(x, axis=1), *parts)
+
+
+def build_tree(candidates: Candidates, num_nodes: int) -> Tree:
+    """The `num_nodes` best distinct nodes of `candidates` as a tree.
+
+    A node proposed more than once (by two sources, or two matches) counts once, with its best score. Nodes
+    are ranked by score, a shallower one first on equal scores, so a parent (never scored below its child)
+    always ranks before it and every prefix of the ranking is a tree."""
+    short = max(num_nodes - candidates.scores.shape[1], 0)  # fewer candidates than nodes: absent ones fill up
+    paths = jnp.pad(candidates.paths, ((0, 0), (0, short), (0, 0)))
+    depths, scores = (jnp.pad(x, ((0, 0), (0, short))) for x in (candidates.depths, candidates.scores))
+    max_depth = paths.shape[-1]
+    d = jnp.arange(max_depth)
+    prefix = jnp.where(d < depths[..., None], paths, -1)  # [B, M, D]: the path, -1 past the node
+    same = jnp.all(prefix[:, :, None] == prefix[:, None, :], axis=-1) & (depths[:, :, None] == depths[:, None, :])
+    best = jnp.max(jnp.where(same, scores[:, None, :], 0.0), axis=-1)
+    unique = jnp.argmax(same, axis=-1) == jnp.arange(paths.shape[1])  # the first copy of each node
+    key = jnp.where(unique & (depths > 0), best, 0.0)
+    order = jax.vmap(lambda k, dep: jnp.lexsort((dep, -k)))(key, depths)[:, :num_nodes]
+    def pick(x: jax.Array) -> jax.Array:  # [B, M] or [B, M, D] in ranking order
+        return jnp.take_along_axis(x, order.reshape(order.shape + (1,) * (x.ndim - 2)), axis=1)
+
+    chosen_prefix, chosen_depth, chosen_score = pick(prefix), pick(depths), pick(key)
+    parent_prefix = jnp.where(d < (chosen_depth - 1)[..., None], chosen_prefix, -1)
+    is_parent = (jnp.all(parent_prefix[:, :, None] == chosen_prefix[:, None, :], axis=-1)
+                 & (chosen_depth[:, None, :] == chosen_depth[:, :, None] - 1) & (chosen_score[:, None, :] > 0))
+    found = jnp.any(is_parent, axis=-1) | (chosen_depth == 1)
+    present = (chosen_score > 0) & found
+    token = jnp.take_along_axis(chosen_prefix, jnp.maximum(chosen_depth - 1, 0)[..., None], axis=-1)[..., 0]
+    parent = jnp.where(chosen_depth > 1, jnp.argmax(is_parent, axis=-1) + 1, 0)
+    return Tree(tokens=jnp.where(present, token, 0).astype(jnp.int32),
+                parents=jnp.where(present, parent, 0).astype(jnp.int32),
+                depths=jnp.where(present, chosen_depth, 1).astype(jnp.int32),
+                scores=jnp.where(present, chosen_score, 0.0))
+
+
+def ancestor_mask(tree: Tree, max_depth: int) -> jax.Array:
+    """`[B, 1 + N, 1 + N]`: pass token q may attend to pass token kv iff kv is q or one of its ancestors
+    (the root is everyone's); nodes are at most `max_depth` deep."""
+    batch, n = tree.tokens.shape
+    parent_of = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), tree.parents], axis=1)  # the root's: itself
+    index = jnp.arange(n + 1)
+    current = jnp.broadcast_to(index, (batch, n + 1))
+    mask = current[:, :, None] == index
+    for _ in range(min(max_depth, n)):  # enough hops to reach the root from any node
+        current = jnp.take_along_axis(parent_of, current, axis=1)
+        mask = mask | (current[:, :, None] == index)
+    return mask
+
+
+def positions(tree: Tree, cache_lengths: jax.Array) -> jax.Array:
+    """`[B, 1 + N]`: the root at the cache's length, a node that many past it as its depth."""
+    root = jnp.zeros((tree.depths.shape[0], 1), tree.depths.dtype)
+    return cache_lengths[:, None] + jnp.concatenate([root, tree.depths], axis=1)
+
+
+class Walk(struct.PyTreeNode):
+    """What one pass keeps: the path's pass indices `[B, 1 + D]` (the root, then the accepted nodes; 0 after
+    them), how many nodes were accepted, the tokens emitted `[B, 1 + D]` (the accepted nodes' tokens, then the
+    target's own token after them), and whether the last of them replaced a rejected candidate."""
+
+    path: jax.Array
+    accepted: jax.Array
+    emitted: jax.Array
+    corrected: jax.Array
+
+
+def walk(tree: Tree, chosen_BT: jax.Array, max_depth: int) -> Walk:
+    """Descends from the root while the target's token at the current node (`chosen_BT`: argmax or draw at
+    every pass position) is one of its children (module docstring: why this is exact)."""
+    batch = chosen_BT.shape[0]
+    current = jnp.zeros((batch,), jnp.int32)
+    moving = jnp.ones((batch,), bool)
+    accepted = jnp.zeros((batch,), jnp.int32)
+    steps = [current]
+    for _ in range(max_depth):
+        target = jnp.take_along_axis(chosen_BT, current[:, None], axis=1)[:, 0]
+        child = tree.present & (tree.parents == current[:, None]) & (tree.tokens == target[:, None])
+        moves = moving & child.any(axis=1)
+        current = jnp.where(moves, jnp.argmax(child, axis=1) + 1, current).astype(jnp.int32)
+        accepted = accepted + moves
+        moving = moves
+        steps.append(jnp.where(moves, current, 0))
+    path = jnp.stack(steps, axis=1)
+    last = jnp.take_along_axis(chosen_BT, current[:, None], axis=1)[:, 0]
+    node_tokens = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), tree.tokens], axis=1)
+    j = jnp.arange(max_depth + 1)
+    kept_tokens = jnp.take_along_axis(node_tokens, jnp.roll(path, -1, axis=1), axis=1)
+    emitted = jnp.where(j < accepted[:, None], kept_tokens, last[:, None])
+    had_children = jnp.any(tree.present & (tree.parents == current[:, None]), axis=1)
+    return Walk(path=path, accepted=accepted, emitted=emitted, corrected=had_children)
+
+
+def kept_kv(kv_LBT: jax.Array, path_BP: jax.Array) -> jax.Array:
+    """A pass's keys or values `[layers, B, 1 + N, ...]` along the kept path `[B, P]`, for `kv_cache.append`."""
+    index = path_BP[None, :, :].reshape((1,) + path_BP.shape + (1,) * (kv_LBT.ndim - 3))
+    return jnp.take_along_axis(kv_LBT, index, axis=2)

@@ -1,0 +1,168 @@
+"""Tree verification: the candidates' tree, its attention, the kept path's cache, and decoding that keeps NTP's
+output exactly for every draft source and pass width (greedy: token for token; sampling: its distribution),
+with must-fail variants (a walk that descends without the target's token, a sibling's keys / values kept, a
+node that sees a non-ancestor) that the same checks catch."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sbd_jax.decoding import tree as trees
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.drafts import ContextTrie, Mixed, Successors
+from sbd_jax.decoding.generate import generate
+from sbd_jax.decoding.tree_verified import TreeVerifiedDecoder
+from sbd_jax.model.config import ModelConfig
+from sbd_jax.model.kv_cache import append
+from sbd_jax.model.transformer import Transformer, forward, init_params
+from tests import test_verify_sampling as sampling
+
+CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                  num_kv_heads=2, head_dim=8, max_position_embeddings=256, eos_token_ids=(7,))
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [8, 9, 10, 8, 9, 10, 8, 9], [2, 7 + 13, 11, 12, 13, 14, 2, 20, 11, 12],
+           [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 40, 41, 42, 60, 61]]
+SOURCES = {
+    "context": ContextTrie(depth=4),
+    "successors": Successors(depth=4, beam=4),
+    "mixed": Mixed((ContextTrie(depth=4), Successors(depth=4, beam=4))),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def params():
+    return init_params(CFG, seed=3)
+
+
+def candidates(paths, scores):
+    """One row's candidates from paths (tokens after the root) and their scores."""
+    depth = max(map(len, paths))
+    padded = [list(p) + [0] * (depth - len(p)) for p in paths]
+    return trees.Candidates(paths=jnp.asarray([padded], jnp.int32), depths=jnp.asarray([[len(p) for p in paths]]),
+                            scores=jnp.asarray([scores], jnp.float32))
+
+
+def test_build_tree_merges_duplicates_and_ranks_parents_before_children():
+    c = candidates([[5], [5, 6], [5], [5, 7], [9], [5, 6, 1], [9, 2]], [0.5, 0.25, 0.6, 0.1, 0.3, 0.2, 0.05])
+    t = trees.build_tree(c, 6)
+    tokens, parents, scores = (np.asarray(x)[0].tolist() for x in (t.tokens, t.parents, t.scores))
+    assert tokens == [5, 9, 6, 1, 7, 2]  # by score; [5] once, with its best score
+    assert scores[0] == pytest.approx(0.6)
+    assert parents == [0, 0, 1, 3, 1, 2]  # pass indices: 0 the root, i + 1 node i
+
+
+def test_the_tree_keeps_the_best_nodes_and_leaves_absent_ones_out():
+    t = trees.build_tree(candidates([[5], [5, 6], [4], [0]], [0.5, 0.4, 0.45, 0.0]), 2)
+    assert np.asarray(t.tokens)[0].tolist() == [5, 4]
+    t = trees.build_tree(candidates([[5], [5, 6], [0]], [0.5, 0.4, 0.0]), 4)
+    assert np.asarray(t.present)[0].tolist() == [True, True, False, False]
+
+
+def test_ancestor_mask_lets_a_node_see_only_its_path():
+    t = trees.build_tree(candidates([[5], [9], [5, 6], [9, 2], [5, 6, 1]], [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
+    mask = np.asarray(trees.ancestor_mask(t, 3))[0].astype(int)
+    # pass order: root, 5, 9, 6 (under 5), 2 (under 9), 1 (under 6)
+    assert mask.tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0], [1, 1, 0, 1, 0, 0],
+                             [1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]]
+
+
+def ntp_outputs(prompts, max_new):
+    return [g.token_ids for g in generate(NTPDecoder(CFG, max_new_tokens=max_new, eos_ids=CFG.eos_token_ids),
+                                          params(), prompts)[0]]
+
+
+def tree_decoder(source, nodes=6, widths=(), costs=(), max_new=24, cls=TreeVerifiedDecoder, **kw):
+    return cls(CFG, max_new_tokens=max_new, eos_ids=CFG.eos_token_ids, source=source, draft_nodes=nodes,
+               widths=widths, costs=costs, **kw)
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+@pytest.mark.parametrize("nodes,widths,costs", [(1, (), ()), (6, (), ()), (12, (1, 4, 13), (1.0, 1.3, 2.0))])
+def test_greedy_tree_decoding_is_ntp_alone_and_in_a_batch(name, nodes, widths, costs):
+    expected = ntp_outputs(PROMPTS, 24)
+    decoder = tree_decoder(SOURCES[name], nodes, widths, costs)
+    batched = generate(decoder, params(), PROMPTS)[0]
+    alone = [generate(decoder, params(), [p])[0][0] for p in PROMPTS[:2]]
+    assert [g.token_ids for g in batched] == expected
+    assert [g.token_ids for g in alone] == expected[:2]
+    assert all(g.nfe <= len(g.token_ids) for g in batched)
+    if nodes > 1 and not costs:  # with costs the rule may rightly run the root alone (these drafts are poor)
+        assert sum(g.accepted for g in batched) > 0  # the trees were used, not only the root
+
+
+def test_eos_inside_a_tree_ends_the_row_there():
+    eos_cfg = dataclasses.replace(CFG, eos_token_ids=(int(ntp_outputs(PROMPTS[:1], 6)[0][3]),))
+    ntp = generate(NTPDecoder(eos_cfg, max_new_tokens=24, eos_ids=eos_cfg.eos_token_ids), params(), PROMPTS)[0]
+    decoder = TreeVerifiedDecoder(eos_cfg, max_new_tokens=24, eos_ids=eos_cfg.eos_token_ids,
+                                  source=SOURCES["mixed"], draft_nodes=8)
+    assert [g.token_ids for g in generate(decoder, params(), PROMPTS)[0]] == [g.token_ids for g in ntp]
+
+
+def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_plain_forward_would():
+    prompt = PROMPTS[0]
+    a, b, c = ntp_outputs([prompt], 3)[0]
+    wrong = [t for t in range(20, 30) if t not in (a, b, c)]
+    decoder = tree_decoder(ContextTrie(depth=3), nodes=5)
+    cache, root = decoder.prefill(params(), jnp.asarray([prompt]), jnp.asarray([len(prompt)]), capacity=32)
+    tree = trees.build_tree(candidates([[wrong[0]], [a], [a, wrong[1]], [a, b], [a, b, wrong[2]]],
+                                       [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
+    chosen, _, _, kv = decoder.tree_pass(params(), cache, root, tree, jax.random.key(0))
+    w = decoder.walk(tree, chosen, 3)
+    assert int(w.accepted[0]) == 2 and np.asarray(w.emitted)[0, :3].tolist() == [a, b, c]
+    kept = append(cache, decoder.path_kv(kv.k, w.path), decoder.path_kv(kv.v, w.path), w.accepted + 1)
+    full = jnp.asarray([prompt + [a, b]])
+    _, ref = forward(Transformer(CFG), params(), full, jnp.arange(full.shape[1])[None])
+    n = full.shape[1]
+    assert int(kept.lengths[0]) == n
+    np.testing.assert_allclose(np.asarray(kept.k[:, :, :n]), np.asarray(ref.k), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(kept.v[:, :, :n]), np.asarray(ref.v), atol=1e-5)
+
+
+class DescendsWithoutTheTarget(TreeVerifiedDecoder):
+    @staticmethod
+    def walk(tree, chosen, max_depth):  # takes the first child as if the target had chosen it
+        first_child = jnp.where(tree.present & (tree.parents == 0), tree.tokens, -1).max(axis=1)
+        return trees.walk(tree, chosen.at[:, 0].set(jnp.where(first_child >= 0, first_child, chosen[:, 0])),
+                          max_depth)
+
+
+class KeepsASibling(TreeVerifiedDecoder):
+    @staticmethod
+    def path_kv(kv, path):  # the node after each kept one in pass order instead
+        return trees.kept_kv(kv, jnp.where(path > 0, jnp.minimum(path + 1, kv.shape[2] - 1), 0))
+
+
+class SeesEveryEarlierNode(TreeVerifiedDecoder):
+    @staticmethod
+    def attention_mask(tree, max_depth):
+        n = tree.tokens.shape[1] + 1
+        return jnp.broadcast_to(jnp.tril(jnp.ones((n, n), bool)), (tree.tokens.shape[0], n, n))
+
+
+@pytest.mark.parametrize("broken", [DescendsWithoutTheTarget, KeepsASibling, SeesEveryEarlierNode])
+def test_the_greedy_check_rejects_an_inexact_tree_verifier(broken):
+    expected = ntp_outputs(PROMPTS, 24)
+    outputs = [g.token_ids for g in generate(tree_decoder(SOURCES["mixed"], 8, cls=broken), params(), PROMPTS)[0]]
+    assert outputs != expected
+
+
+@pytest.mark.parametrize("name,temperature,top_p", [("successors", 1.0, 1.0), ("mixed", 0.7, 0.9)])
+def test_tree_sampling_draws_from_ntp_distribution(name, temperature, top_p):
+    source = {"successors": Successors(depth=2, beam=3), "mixed": Mixed((ContextTrie(depth=2), Successors(depth=2)))}
+    decoder = TreeVerifiedDecoder(sampling.CFG, max_new_tokens=sampling.NEW, temperature=temperature, top_p=top_p,
+                                  source=source[name], draft_nodes=4)
+    counts, results = sampling.sampled_joint(decoder, seed=5)
+    probs = sampling.ntp_joint(temperature, top_p)
+    assert sum(r.accepted for r in results) > 0.02 * sampling.ROWS  # the trees kept candidates
+    assert sampling.chi_square_p(counts, probs) > 1e-3
+    assert sampling.total_variation(counts, probs) < 3 * sampling.sampling_noise(probs, sampling.ROWS)
+
+
+def test_the_distribution_test_rejects_a_walk_without_the_target():
+    decoder = DescendsWithoutTheTarget(sampling.CFG, max_new_tokens=sampling.NEW, temperature=1.0,
+                                       source=Successors(depth=2, beam=3), draft_nodes=4)
+    counts, _ = sampling.sampled_joint(decoder, seed=5)
+    assert sampling.chi_square_p(counts, sampling.ntp_joint(1.0, 1.0)) < 1e-6
