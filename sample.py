@@ -20,8 +20,8 @@ import sys
 
 from sbd_jax.cli import run_cli
 from sbd_jax.decoding.base import DEFAULT_GAMMA
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import MODES
-from sbd_jax.decoding.verified import DRAFT_SOURCES
 from sbd_jax.errors import UserError
 
 _COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
@@ -50,11 +50,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "is exactly greedy NTP's (with --temperature: drawn exactly from NTP's distribution); "
                    "drafts come from one pass, so it never takes more forwards than NTP. Exact in float32; with "
                    "--dtype bfloat16, near-tied tokens can differ as they do between NTP batch sizes")
-    p.add_argument("--drafts", choices=DRAFT_SOURCES, default="sbd",
-                   help="with --verify: what proposes the drafts: sbd (the masked block; needs an SBD fine-tune), "
-                   "lookup (tokens that followed an earlier occurrence of the last 1-4 tokens in prompt + output: "
-                   "any model, no fine-tune, a k-token pass) or hybrid (sbd's block where the previous block was fully "
-                   "accepted, else lookup)")
+    p.add_argument("--drafts", choices=[d.value for d in Drafts], default=Drafts.SBD.value,
+                   help="with --verify: what proposes the drafts. One chain a pass: sbd (the masked block; needs an "
+                   "SBD fine-tune), lookup (what followed the latest earlier occurrence of the last 1-4 tokens in "
+                   "prompt + output: any model, no fine-tune) or hybrid (per row, whichever has had more drafts kept). "
+                   "A tree a pass (any model, --draft-nodes candidates, block size - 1 deep): context-tree (every "
+                   "recent earlier match), successors (the model's own top-k next tokens, kept from every pass) or "
+                   "tree (both)")
+    p.add_argument("--draft-nodes", type=int, default=16, metavar="N",
+                   help="tree drafts: candidate tokens checked a pass besides the exact one (wider passes cost more "
+                   "on a CPU, about the same on a GPU at small batch: benchmarks/tree_decode.py measures both)")
     p.add_argument("--lookup-min-match", type=int, default=1, metavar="N",
                    help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs 1.6-2.1 a "
@@ -124,14 +129,14 @@ def main(argv: list[str]) -> None:
     settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
                         verify=args.verify, drafts=args.drafts, lookup_min_match=args.lookup_min_match,
-                        fallback_blocks=args.fallback_blocks,
+                        fallback_blocks=args.fallback_blocks, draft_nodes=args.draft_nodes,
                         temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
     if auto:
         choice = model.choose_block_size(texts, len(texts), settings, chat=args.chat)
         print(f"[--block-size auto at batch {len(texts)}: {choice.describe()}]", file=sys.stderr)
-        settings = (dataclasses.replace(settings, mode="ntp", verify=False) if choice.block_size == 1
+        settings = (settings.as_ntp() if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))
     results = model.generate(texts, settings, chat=args.chat, seed=args.seed, max_cache_len=args.max_cache_len)
     timing = model.last_timing

@@ -113,15 +113,27 @@ def test_lookup_needs_no_mask_token_and_the_block_sources_say_so():
     (dict(mode="sbd", block_size=2.5), r"block_size=2.5 must be >= 1 \(a whole number\)"),
     (dict(mode="sbd", verify="no"), "verify='no' must be True or False"),
     (dict(mode="sbd", verify=True, drafts="lookup", lookup_min_match=5), "lookup_min_match=5 must be a whole number"),
-    (dict(mode="sbd", verify=True, lookup_min_match=2), "use it with drafts 'lookup' or 'hybrid'"),
+    (dict(mode="sbd", verify=True, lookup_min_match=2), r"drafts that search the context \(lookup, hybrid, "),
     (dict(mode="sbd", verify=True, fallback_blocks=-1), "fallback_blocks=-1 must be a whole number >= 0"),
     (dict(mode="sbd", verify=True, fallback_blocks=True), "fallback_blocks=True must be a whole number >= 0"),
     (dict(mode="sbd", verify=True, drafts="lookup", fallback_blocks=2), "use them with drafts 'sbd' or 'hybrid'"),
     (dict(mode="sbd", fallback_blocks=2), r"add verify \(--mode sbd --verify\)"),
+    (dict(mode="sbd", verify=True, drafts="tree", block_size=1), "form trees block_size - 1 deep"),
+    (dict(mode="sbd", verify=True, drafts="successors", draft_nodes=0), r"draft_nodes=0 must be >= 1"),
+    (dict(mode="sbd", verify=True, drafts="successors", fallback_blocks=1), "use them with drafts 'sbd' or 'hybrid'"),
 ])
 def test_settings_refuse_bad_values_when_made(options, message):
     with pytest.raises(UserError, match=message):
         Settings(**options)
+
+
+@pytest.mark.parametrize("drafts", ["sbd", "lookup", "hybrid", "tree"])
+def test_settings_as_ntp_keep_length_and_sampling_and_drop_every_draft_option(drafts):
+    # --block-size auto that picks NTP decodes these (it kept the draft options, which NTP refuses: issue 57)
+    verified = Settings(mode="sbd", verify=True, drafts=drafts, block_size=8, max_new_tokens=40, temperature=0.5,
+                        top_p=0.9, lookup_min_match=1 if drafts == "sbd" else 2,
+                        fallback_blocks=3 if drafts in ("sbd", "hybrid") else 0, draft_nodes=4)
+    assert verified.as_ntp() == Settings(max_new_tokens=40, temperature=0.5, top_p=0.9)
 
 
 def test_no_decoder_emits_the_mask_token_even_where_the_model_prefers_it():

@@ -30,6 +30,10 @@ from sbd_jax.model.kv_cache import KVCache, append, init_cache
 from sbd_jax.model.transformer import Transformer, forward
 
 DEFAULT_GAMMA = 0.35  # the SBD paper's entropy budget for chat models
+# Temperatures below this decode greedily. A draw at T is the argmax of logits / T plus Gumbel noise, so below it
+# only logits closer than ~1e-5 ever swap; and logits / T for T near 1e-9 overflow the float32 softmax that
+# verification's accept test forms (XLA's CPU softmax returned NaN there, and the output was garbage).
+GREEDY_BELOW = 1e-5
 
 
 class DecodeOutput(struct.PyTreeNode):
@@ -121,6 +125,8 @@ class Decoder:
 
     def __post_init__(self) -> None:
         check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
+        if self.temperature < GREEDY_BELOW:  # one rule for every decoder, so all of them agree at such a T
+            object.__setattr__(self, "temperature", 0.0)
 
     @property
     def output_len(self) -> int:

@@ -103,9 +103,14 @@ def decoder_for(config: Any, block_size: int, max_new_tokens: int, verified: Set
 
 
 def pass_tokens(block_size: int, verified: Settings = VERIFIED) -> int:
-    """Tokens a row in one forward at `block_size` (1: NTP's one token): the k pending tokens, and unless
-    lookup drafts the k-token masked block and its fallback copies (at most k - 1)."""
-    if block_size == 1 or verified.drafts == "lookup":
+    """Tokens a row in one forward at `block_size` (1: NTP's one token): the k pending tokens, and where the
+    drafts come from SBD's block the k-token masked block and its fallback copies (at most k - 1); tree drafts:
+    the exact token and `draft_nodes` candidates."""
+    if block_size == 1:
+        return 1
+    if verified.drafts.is_tree:
+        return 1 + verified.draft_nodes
+    if not verified.drafts.reads_masked_block:
         return block_size
     return (2 + fallbacks_used(verified.fallback_blocks, block_size)) * block_size
 

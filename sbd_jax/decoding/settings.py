@@ -14,13 +14,16 @@ from sbd_jax.decoding.base import (
     check_flag,
     check_gamma,
     check_proxy,
+    check_whole_number,
 )
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.sbd import SBDDecoder
+from sbd_jax.decoding.tree_verified import TreeVerifiedDecoder
 from sbd_jax.decoding.verified import (
     VerifiedSBDDecoder,
-    check_draft_source,
     check_fallback_blocks,
     check_lookup_min_match,
+    draft_source,
 )
 from sbd_jax.errors import UserError
 
@@ -38,11 +41,11 @@ class Settings:
     gamma: float | None = None  # sbd: entropy budget per pass (None: decoders.DEFAULT_GAMMA); not with verify
     proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
-    drafts: str = "sbd"  # verify: what proposes the drafts: sbd (the masked block), lookup (n-grams of the
-    # context: no fine-tune, no mask token needed) or hybrid (per row, whichever has had more drafts kept)
+    drafts: Drafts = Drafts.SBD  # verify: what proposes the drafts (a chain or a tree a pass: `Drafts`)
     lookup_min_match: int = 1  # lookup / hybrid: the shortest n-gram match that proposes drafts (1-4)
     fallback_blocks: int = 0  # sbd / hybrid drafts: masked blocks after the first N places a draft can be
     # rejected, so a rejection still leaves drafts (pass (2 + N) k tokens; at most k - 1 used)
+    draft_nodes: int = 16  # tree drafts: candidate nodes a pass (at most block_size - 1 deep)
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
 
@@ -51,14 +54,15 @@ class Settings:
             raise UserError(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
         check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
         check_flag("verify", self.verify)
-        check_draft_source(self.drafts)
+        object.__setattr__(self, "drafts", draft_source(self.drafts))  # a name given as a str
         check_lookup_min_match(self.lookup_min_match, self.drafts)
         check_fallback_blocks(self.fallback_blocks, self.drafts)
         if self.fallback_blocks and not self.verify:
             raise UserError("fallback_blocks (--fallback-blocks) draft after a rejected draft: add verify "
                             "(--mode sbd --verify)")
-        if self.drafts != "sbd" and not self.verify:
-            raise UserError(f"drafts {self.drafts!r} (--drafts) are proposals for verification: add verify "
+        check_whole_number("draft_nodes", self.draft_nodes, 1)
+        if self.drafts != Drafts.SBD and not self.verify:
+            raise UserError(f"drafts {self.drafts.value!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")
         if self.verify and self.mode != "sbd":
             raise UserError("verify (--verify) checks SBD's drafts: use it with mode 'sbd' (--mode sbd)")
@@ -67,6 +71,8 @@ class Settings:
                             "verification decides what is kept; drop gamma, or drop verify for Entropy-Bounded "
                             "decoding")
         check_block_size(self.block_size)
+        if self.drafts.is_tree and self.block_size < 2:
+            raise UserError(f"drafts {self.drafts.value!r} form trees block_size - 1 deep: give block_size >= 2")
         if self.mode == "sbd":
             check_proxy(self.proxy)
         if self.gamma is not None:
@@ -77,12 +83,20 @@ class Settings:
         """γ as the decoder receives it (plain SBD's default when unset; the other decoders ignore it)."""
         return DEFAULT_GAMMA if self.gamma is None else self.gamma
 
+    def as_ntp(self) -> "Settings":
+        """NTP with these settings' length and sampling, every SBD and draft option back at its default (what a
+        block-size rule that picked NTP decodes)."""
+        return Settings(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
+
     def decoder(self, config: Any) -> Decoder:
         """The decoder that runs these settings for a model of `config`; it stops at the model's EOS ids."""
         common = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                       eos_ids=config.eos_token_ids)
         if self.mode == "ntp":
             return NTPDecoder(config, **common)
+        if self.verify and self.drafts.is_tree:
+            return TreeVerifiedDecoder(config, source=self.drafts.tree_source(self.block_size - 1, self.lookup_min_match),
+                                       draft_nodes=self.draft_nodes, **common)
         if self.verify:
             return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts,
                                       lookup_min_match=self.lookup_min_match,

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from sbd_jax.decoding.base import DecodeOutput, TracedSettings, kept_through_eos
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.lookup import MAX_NGRAM, lookup_drafts
 from sbd_jax.decoding.sbd import BlockDecoder
 from sbd_jax.decoding.token_choice import (
@@ -26,37 +27,41 @@ from sbd_jax.errors import UserError
 from sbd_jax.model.kv_cache import KVCache, append
 from sbd_jax.model.transformer import NewKV, Transformer, forward
 
-DRAFT_SOURCES = ("sbd", "lookup", "hybrid")
+CHAIN_SOURCES = (Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID)  # the sources this decoder checks as one chain
 # Names `sbd_preferred`'s rule; change it with the rule: cached hybrid results are keyed by it (greedy outputs
 # do not change with the rule, the forwards they took do).
 PRIOR_PASSES = 8  # chosen on validation prompts (`benchmarks/hybrid_rule.py`): 4, 8, 16 gave 1.597, 1.612, 1.618
 HYBRID_RULE = f"kept per pass spent, {PRIOR_PASSES} prior passes"
 
 
-def check_draft_source(drafts: str) -> None:
-    """Raises UserError for an unknown draft source (callable before any model is loaded)."""
-    if drafts not in DRAFT_SOURCES:
-        raise UserError(f"unknown draft source {drafts!r}: use one of {', '.join(DRAFT_SOURCES)}")
+def draft_source(drafts: str) -> Drafts:
+    """The draft source named `drafts`; UserError for an unknown name (callable before any model is loaded)."""
+    try:
+        return Drafts(drafts)
+    except ValueError:
+        raise UserError(f"unknown draft source {drafts!r}: use one of {', '.join(d.value for d in Drafts)}") from None
 
 
-def check_lookup_min_match(min_match: int, drafts: str) -> None:
-    """Raises UserError unless `min_match` is a match length lookup can find (1..MAX_NGRAM) and lookup drafts."""
+def check_lookup_min_match(min_match: int, drafts: Drafts) -> None:
+    """Raises UserError unless `min_match` is a match length lookup can find (1..MAX_NGRAM) and the drafts
+    search the context."""
     if not isinstance(min_match, int) or isinstance(min_match, bool) or not 1 <= min_match <= MAX_NGRAM:
         raise UserError(f"lookup_min_match={min_match!r} must be a whole number from 1 to {MAX_NGRAM} (the longest "
                         "n-gram lookup searches)")
-    if min_match != 1 and drafts == "sbd":
-        raise UserError("lookup_min_match (--lookup-min-match) sets when lookup drafts: use it with drafts 'lookup' "
-                        "or 'hybrid' (--drafts)")
+    if min_match != 1 and not drafts.reads_context:
+        raise UserError("lookup_min_match (--lookup-min-match) sets when context matches draft: use it with drafts "
+                        f"that search the context ({', '.join(d.value for d in Drafts if d.reads_context)}; --drafts)")
 
 
-def check_fallback_blocks(fallback_blocks: int, drafts: str) -> None:
-    """Raises UserError unless `fallback_blocks` is a whole number >= 0, and 0 for lookup drafts (no masked block)."""
+def check_fallback_blocks(fallback_blocks: int, drafts: Drafts) -> None:
+    """Raises UserError unless `fallback_blocks` is a whole number >= 0, and 0 unless the drafts come from SBD's
+    masked block."""
     if not isinstance(fallback_blocks, int) or isinstance(fallback_blocks, bool) or fallback_blocks < 0:
         raise UserError(f"fallback_blocks={fallback_blocks!r} must be a whole number >= 0 (masked blocks after "
                         "each of the first N places a draft can be rejected)")
-    if fallback_blocks and drafts == "lookup":
+    if fallback_blocks and not drafts.reads_masked_block:
         raise UserError("fallback_blocks (--fallback-blocks) are masked blocks of SBD's drafts: use them with drafts "
-                        "'sbd' or 'hybrid' (--drafts), or drop them for lookup")
+                        "'sbd' or 'hybrid' (--drafts), or drop them")
 
 
 def fallbacks_used(fallback_blocks: int, block_size: int) -> int:
@@ -137,7 +142,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
     """
 
-    drafts: str = "sbd"
+    drafts: Drafts = Drafts.SBD
     lookup_min_match: int = 1
     fallback_blocks: int = 0
 
@@ -158,7 +163,10 @@ class VerifiedSBDDecoder(BlockDecoder):
         return jnp.roll(q_logits, -1, axis=1)
 
     def __post_init__(self) -> None:
-        check_draft_source(self.drafts)
+        object.__setattr__(self, "drafts", draft_source(self.drafts))  # a name given as a str: one hash either way
+        if self.drafts not in CHAIN_SOURCES:
+            raise UserError(f"drafts {self.drafts.value!r} form a tree: decode them with TreeVerifiedDecoder "
+                            "(Settings picks it)")
         check_lookup_min_match(self.lookup_min_match, self.drafts)
         check_fallback_blocks(self.fallback_blocks, self.drafts)
         super().__post_init__()
@@ -170,10 +178,10 @@ class VerifiedSBDDecoder(BlockDecoder):
 
     @property
     def needs_mask_token(self) -> str | None:
-        if self.drafts == "lookup":
+        if not self.drafts.reads_masked_block:
             return None
-        return (f"drafts {self.drafts!r} (--drafts {self.drafts}) come from the masked block: this model has no "
-                "mask token configured; use --drafts lookup (any model), fine-tune it with train.py (which sets "
+        return (f"drafts {self.drafts.value!r} (--drafts {self.drafts.value}) come from the masked block: this "
+                "model has no mask token configured; use --drafts lookup (any model), fine-tune it with train.py (which sets "
                 "one) or pass --mask-token-id")
 
     @property
@@ -234,9 +242,9 @@ class VerifiedSBDDecoder(BlockDecoder):
         k, batch = self.block_size, last_token_B.shape[0]
         mask_id = self.config.mask_token_id
         sampling = self.temperature > 0
-        lookup, masked = self.drafts != "sbd", self.drafts != "lookup"
+        lookup, masked = self.drafts.reads_context, self.drafts.reads_masked_block
         if lookup and (prompt_BT is None or prompt_lens_B is None):
-            raise UserError(f"drafts {self.drafts!r} search the prompt: pass prompt_BT and prompt_lens_B to decode")
+            raise UserError(f"drafts {self.drafts.value!r} search the prompt: pass prompt_BT and prompt_lens_B to decode")
         lens_B = jnp.zeros((batch,), jnp.int32) if prompt_lens_B is None else prompt_lens_B
         j = jnp.arange(k)
         rows = jnp.arange(batch)[:, None]
