@@ -1,11 +1,12 @@
-"""`python -m sbd_jax.convert SRC DST`: any model source (name, HF directory, GGUF) -> HF directory."""
+"""`python -m sbd_jax.convert SRC DST`: any model source (name, HF directory, GGUF) -> HF directory (an earlier
+export's weight files in DST are replaced, never left beside the new ones)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from sbd_jax.checkpoints.hf import save_hf
+from sbd_jax.checkpoints.hf import check_export_dir, save_hf
 from sbd_jax.checkpoints.load import load_model
 from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.cli import run_cli
@@ -18,6 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("dst", help="output Hugging Face directory (config.json, safetensors, tokenizer)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype to save")
     args = parser.parse_args(argv)
+    check_export_dir(args.dst)  # before the load, which can take minutes
     model = load_model(args.src, with_tokenizer=False, param_dtype=args.dtype)
     try:
         tokenizer = load_tokenizer(model.source)

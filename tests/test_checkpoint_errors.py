@@ -113,3 +113,42 @@ def test_load_model_without_tokenizer_returns_numpy_params(tiny_hf_dir):
     model = load_model(path, with_tokenizer=False)
     assert model.tokenizer is None and model.config.qk_norm
     assert isinstance(model.params["norm"]["weight"], np.ndarray)
+
+
+def test_an_export_replaces_an_older_sharded_one_and_a_single_file_wins(tiny_hf_dir, tmp_path):
+    """Issue 57, item 5: an export into a folder holding an older sharded export must not load as the old
+    model, and our loader reads a mixed folder as transformers does (the single file first)."""
+    path, _ = tiny_hf_dir("llama")
+    cfg = hf.read_config(path)
+    old = hf.load_params(path, cfg)
+    new = {**old, "norm": {"weight": old["norm"]["weight"] + 1}}
+    out = str(tmp_path / "export")
+    hf.save_hf(out, cfg, old, max_shard_bytes=100_000)
+    assert os.path.exists(os.path.join(out, "model.safetensors.index.json"))
+    hf.save_hf(out, cfg, new)
+    assert sorted(f for f in os.listdir(out) if "safetensors" in f) == ["model.safetensors"]
+    np.testing.assert_array_equal(hf.load_params(out, cfg)["norm"]["weight"], new["norm"]["weight"])
+
+    mixed = str(tmp_path / "mixed")  # written by other tools: an index beside a single file
+    hf.save_hf(mixed, cfg, old, max_shard_bytes=100_000)
+    save_file(load_file(os.path.join(out, "model.safetensors")), os.path.join(mixed, "model.safetensors"))
+    np.testing.assert_array_equal(hf.load_params(mixed, cfg)["norm"]["weight"], new["norm"]["weight"])
+
+
+def test_config_json_without_a_needed_key_is_named(tiny_hf_dir):
+    path, _ = tiny_hf_dir("llama")
+    config = json.load(open(os.path.join(path, "config.json")))
+    del config["hidden_size"]
+    json.dump(config, open(os.path.join(path, "config.json"), "w"))
+    with pytest.raises(UserError, match=f"{os.path.join(path, 'config.json')} has no 'hidden_size'"):
+        load_model(path, with_tokenizer=False)
+
+
+def test_convert_into_a_regular_file_is_refused_before_loading(tmp_path):
+    from sbd_jax import convert
+
+    target = tmp_path / "taken"
+    target.write_text("not a model directory")
+    # the source does not exist either: refusing the target first shows the model was never loaded
+    with pytest.raises(UserError, match=f"{target} exists and is not a directory"):
+        convert.main(["/nope/m.gguf", str(target)])

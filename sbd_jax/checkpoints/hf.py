@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from typing import Any, Callable, Collection, Iterator
 
 import jax
@@ -20,6 +21,8 @@ from sbd_jax.model.params import weight_shape
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
+_SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old exports carry; recomputed here
 
 
@@ -75,24 +78,40 @@ def read_config(path: str, **run_options: Any) -> ModelConfig:
             hf = json.load(f)
         except json.JSONDecodeError as e:
             raise UserError(f"{config_file} is not valid JSON ({e}); re-download or re-export the model") from None
-    return config_from_hf(hf, **run_options)
+    return config_from_hf(hf, config_file, **run_options)
 
 
 def _weight_files(path: str) -> dict[str, str]:
-    """HF tensor name -> the safetensors file holding it."""
+    """HF tensor name -> the safetensors file holding it. A single `model.safetensors` wins over an index, as
+    in transformers' `from_pretrained`, so both loaders read the same weights from a mixed folder."""
+    single = os.path.join(path, _SINGLE)
+    if os.path.isfile(single):
+        with _open_safetensors(single) as f:
+            return {name: single for name in f.keys()}
     index = os.path.join(path, _INDEX)
     if os.path.isfile(index):
         with open(index) as f:
             weight_map = json.load(f)["weight_map"]
         return {name: os.path.join(path, file) for name, file in weight_map.items()}
-    single = os.path.join(path, _SINGLE)
-    if not os.path.isfile(single):
-        if any(n.endswith((".bin", ".pt", ".pth")) for n in os.listdir(path)):
-            raise UserError(f"{path} holds only pickle weights (.bin/.pt), which sbd_jax never loads; "
-                            "convert them to safetensors first")
-        raise UserError(f"{path} has no {_SINGLE} or {_INDEX}: the weights are missing")
-    with _open_safetensors(single) as f:
-        return {name: single for name in f.keys()}
+    if any(n.endswith((".bin", ".pt", ".pth")) for n in os.listdir(path)):
+        raise UserError(f"{path} holds only pickle weights (.bin/.pt), which sbd_jax never loads; "
+                        "convert them to safetensors first")
+    raise UserError(f"{path} has no {_SINGLE} or {_INDEX}: the weights are missing")
+
+
+def check_export_dir(path: str) -> None:
+    """An export goes to a directory, new or existing; checked before anything slow (loading a model)."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{path} exists and is not a directory: give a new or existing directory to write "
+                        "the model into")
+
+
+def _remove_old_weights(path: str) -> None:
+    """Deletes the weight files an earlier export left in `path` (single file, index, shards), so that none
+    of them outlives the export that replaces it: a stale index or shard would be read as the model."""
+    for name in os.listdir(path):
+        if name in (_SINGLE, _INDEX) or _SHARD.fullmatch(name):
+            os.remove(os.path.join(path, name))
 
 
 def _open_safetensors(file: str) -> Any:
@@ -178,12 +197,15 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, tokenizer: Any = None,
     this (each tensor is gathered with a collective) and process 0 writes. Files are planned from shapes
     alone (split above `max_shard_bytes`, with an index) and filled one at a time, so a host holds at
     most one file's tensors. The tokenizer, if given (any object with `save_pretrained`), is saved alongside.
+    Weight files of an earlier export in `path` are deleted first: none outlives the export replacing it.
     """
     from jax.experimental import multihost_utils
 
     writer = jax.process_index() == 0
     if writer:
+        check_export_dir(path)
         os.makedirs(path, exist_ok=True)
+        _remove_old_weights(path)
     tensors = [(name, *_param(params, ours), transposed) for name, ours, transposed in tensor_names(cfg)]
     files: list[list[tuple]] = [[]]
     size = 0
@@ -194,8 +216,7 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, tokenizer: Any = None,
             size = 0
         files[-1].append(tensor)
         size += nbytes
-    names = [_SINGLE] if len(files) == 1 else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-                                               for i in range(len(files))]
+    names = [_SINGLE] if len(files) == 1 else [_SHARD_NAME.format(i + 1, len(files)) for i in range(len(files))]
     for file, members in zip(names, files):
         arrays = {}
         for name, _, fetch, transposed in members:

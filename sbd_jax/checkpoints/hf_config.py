@@ -8,15 +8,28 @@ from typing import Any
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 
+# Keys a config.json must have (the rest have defaults); one missing is named instead of a KeyError.
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_LLAMA3_ROPE = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
-def config_from_hf(hf: dict[str, Any], **run_options: Any) -> ModelConfig:
-    """The architecture a Hugging Face `config.json` dict describes; `run_options`: dtypes, scan_layers."""
+
+def _require(found: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    missing = [key for key in keys if key not in found]
+    if missing:
+        raise UserError(f"{where} has no {missing[0]!r} (needed: {', '.join(keys)}); re-download or re-export "
+                        "the model")
+
+
+def config_from_hf(hf: dict[str, Any], source: str = "config.json", **run_options: Any) -> ModelConfig:
+    """The architecture a Hugging Face `config.json` dict (read from `source`, named in errors) describes;
+    `run_options`: dtypes, scan_layers."""
     model_type = hf.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UserError(
             f"unsupported model_type {model_type!r} in config.json: supported are "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    _require(hf, _REQUIRED, source)
     if hf.get("mlp_bias"):
         raise UserError("config.json has mlp_bias=true, which sbd_jax does not support; no Llama/Qwen release uses it")
     if hf.get("use_sliding_window"):
@@ -28,6 +41,7 @@ def config_from_hf(hf: dict[str, Any], **run_options: Any) -> ModelConfig:
     theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type == "llama3":
+        _require(rope, _LLAMA3_ROPE, f"{source}'s llama3 rope scaling")
         scaling = RopeScaling(
             factor=float(rope["factor"]),
             low_freq_factor=float(rope["low_freq_factor"]),
