@@ -15,14 +15,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import jax
 
 from sbd_jax.decoding.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
 from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate
 from sbd_jax.decoding.settings import Settings
-from sbd_jax.errors import UserError
+from sbd_jax.errors import PromptError, UserError
 
 __all__ = ["SBDModel", "Settings", "load"]
 
@@ -46,6 +46,19 @@ class SBDModel:
 
         return encode_prompt(self.tokenizer, prompt, chat)
 
+    def encode_batch(self, prompts: str | Sequence[str], chat: bool = False) -> list[list[int]]:
+        """Token ids of each prompt (one string: a batch of one); a bad prompt (not a str, not UTF-8, empty) is
+        a PromptError naming its place. Bytes are one bad prompt, not a batch of ints."""
+        batch = isinstance(prompts, Iterable) and not isinstance(prompts, (str, bytes, bytearray))
+        texts: Iterable[Any] = prompts if batch else [prompts]
+        ids = []
+        for index, text in enumerate(texts):
+            try:
+                ids.append(self.encode(text, chat))
+            except PromptError as e:
+                raise e.shifted(index) from None
+        return ids
+
     def generate(self, prompts: str | Sequence[str], settings: Settings | None = None, *, chat: bool = False,
                  seed: int = 0, max_cache_len: int | None = None, **options: Any) -> list[Generation]:
         """Generates for a batch of prompts (one string: a batch of one), one `Generation` each (its
@@ -55,8 +68,7 @@ class SBDModel:
         `chat` wraps each prompt as a user turn; `max_cache_len` caps the KV cache (default: the
         model's context)."""
         settings = settings_of(settings, options)
-        texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        ids = [self.encode(text, chat) for text in texts]
+        ids = self.encode_batch(prompts, chat)
         generations, self.last_timing = generate(settings.decoder(self.config), self.params, ids, seed=seed,
                                                  max_cache_len=max_cache_len, gamma=settings.entropy_budget,
                                                  executables=self.executables)
@@ -73,8 +85,7 @@ class SBDModel:
         keyword options (`max_new_tokens=`, `drafts=`, ...) with mode sbd and verify implied. Its
         `describe()` says what it measured."""
         settings = settings_of(settings, options, mode="sbd", verify=True)
-        texts = [prompts] if isinstance(prompts, str) else list(prompts)
-        return measure_block_choice(self, [self.encode(t, chat) for t in texts], batch, block_sizes,
+        return measure_block_choice(self, self.encode_batch(prompts, chat), batch, block_sizes,
                                     settings.max_new_tokens, calibration_tokens, verified=settings)
 
 

@@ -1,14 +1,29 @@
-"""The one exception type for bad user input, and the config-value checks that raise it.
+"""The exception type for bad user input (PromptError: one prompt of a batch), and the config checks.
 
 CLIs catch it and print its message on one line with exit code 2, so every message must name the
 problem and the fix.
 """
+
+from __future__ import annotations
 
 from typing import Any
 
 
 class UserError(ValueError):
     """Bad input from a user: a config value, a file, a model name, a size that does not fit."""
+
+
+class PromptError(UserError):
+    """Bad input that is one prompt of a batch: `index` is its place in the batch (None: a prompt alone), so
+    a caller that read the prompts (a file's lines, repeated flags) can name where it came from."""
+
+    def __init__(self, problem: str, index: int | None = None):
+        self.problem, self.index = problem, index
+        super().__init__(problem if index is None else f"prompts[{index}]: {problem}")
+
+    def shifted(self, offset: int) -> PromptError:
+        """The same error for the batch that holds this one's batch from `offset` on."""
+        return PromptError(self.problem, (self.index or 0) + offset)
 
 
 def check_one_of(name: str, value: Any, allowed: tuple) -> None:

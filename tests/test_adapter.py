@@ -166,6 +166,18 @@ def test_save_and_attach_round_trip_and_refuse_the_wrong_base(tmp_path):
         ad.attach_adapter(path, BASE, base, NoTokenizer())
 
 
+@pytest.mark.parametrize("drop", ["mask_token_id", "base.fingerprint"])
+def test_adapter_json_without_a_key_is_named(tmp_path, drop):
+    """Issue 57, item 12: a key missing from adapter.json is a one-line error naming the file and key."""
+    base = base_params()
+    path = saved(tmp_path, base, random_adapter(base))
+    meta = json.load(open(os.path.join(path, ad.CONFIG)))
+    del (meta["base"] if drop.startswith("base.") else meta)[drop.removeprefix("base.")]
+    json.dump(meta, open(os.path.join(path, ad.CONFIG), "w"))
+    with pytest.raises(UserError, match=f"{os.path.join(path, ad.CONFIG)} has no '{drop}'"):
+        ad.attach_adapter(path, BASE, base, NoTokenizer())
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(rank=0), "adapter rank=0 must be a whole number >= 1"),
     (dict(alpha=float("nan")), "adapter alpha=nan must be a finite number > 0"),

@@ -84,3 +84,22 @@ def test_choose_block_size_measures_the_drafts_and_picks_a_block_or_ntp(model):
     assert untrained.choose_block_size(PROMPTS, batch=1, chat=True, block_sizes=(4,), max_new_tokens=16).block_size == 1
     with pytest.raises(UserError, match="block sizes to choose from must be >= 2"):
         model.choose_block_size(PROMPTS, batch=1, block_sizes=(1, 4))
+
+
+def test_prompts_are_strings_of_utf8_text_and_the_seed_is_in_range(model):
+    """Issue 57, items 12 and 13: bytes, non-strings and undecodable text are refused, naming the prompt."""
+    with pytest.raises(UserError, match=r"a prompt must be a str, got bytes \(decode bytes first"):
+        model.generate(b"c5b7a2+b8a6")
+    with pytest.raises(UserError, match=r"prompts\[1\]: a prompt must be a str, got int"):
+        model.generate(["c5b7a2+b8a6", 5, None])
+    with pytest.raises(UserError, match=r"prompts\[0\]: the prompt is not valid UTF-8 text \(character 2 is the "
+                                        r"byte 0xff\)"):
+        model.generate("c\udcff5")  # how Python hands over a non-UTF-8 byte of argv
+    with pytest.raises(UserError, match=r"seed=18446744073709551616 must be a whole number in \[0, 2\*\*63 - 1\]"):
+        model.generate(PROMPTS[0], seed=2**64)
+
+
+def test_an_end_of_sequence_id_is_refused_as_the_mask_token():
+    """Issue 57, item 11: with the mask token an EOS id, no decoder could ever stop."""
+    with pytest.raises(UserError, match=r"mask_token_id=1 is an end-of-sequence id of this model \(eos ids \[1\]\)"):
+        sbd_jax.load(SHIPPED, mask_token_id=1)

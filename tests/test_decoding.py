@@ -8,7 +8,7 @@ import pytest
 from sbd_jax.decoding.base import NTPDecoder
 from sbd_jax.decoding.generate import Executables, generate, generate_batched
 from sbd_jax.decoding.token_choice import choose_tokens
-from sbd_jax.errors import UserError
+from sbd_jax.errors import PromptError, UserError
 from sbd_jax.model import masks
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import append, init_cache
@@ -169,10 +169,23 @@ def test_prompt_that_does_not_fit_the_cache(params):
         generate(NTPDecoder(CFG, max_new_tokens=510), params, PROMPTS)
 
 
+def test_max_cache_len_never_lifts_the_models_context(params):
+    """Issue 57, item 10: a cache larger than the context does not let decoding run past the context."""
+    with pytest.raises(UserError, match="exceeds the model's context \\(512\\)"):
+        generate(NTPDecoder(CFG, max_new_tokens=510), params, PROMPTS, max_cache_len=1000)
+
+
+@pytest.mark.parametrize("seed", [2**63, 2**64, -1, True, 1.5])
+def test_a_seed_outside_the_valid_range_is_refused(params, seed):
+    with pytest.raises(UserError, match=r"must be a whole number in \[0, 2\*\*63 - 1\]"):
+        generate(NTPDecoder(CFG, max_new_tokens=4), params, PROMPTS, seed=seed)
+
+
 def test_bad_prompts(params):
     decoder = NTPDecoder(CFG, max_new_tokens=4)
-    with pytest.raises(UserError, match="at least one token"):
+    with pytest.raises(PromptError, match="at least one token") as refused:
         generate(decoder, params, [[1, 2], []])
+    assert refused.value.index == 1  # the row, so a caller can name the prompt's source
     with pytest.raises(UserError, match="outside the vocabulary \\[0, 101\\)"):
         generate(decoder, params, [[1, 101]])
 

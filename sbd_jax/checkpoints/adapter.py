@@ -31,6 +31,8 @@ WEIGHTS, CONFIG = "adapter.safetensors", "adapter.json"
 MASK_EMBEDDING = "adapter_mask_embedding"
 # The base's architecture fields an adapter must match (its shapes and what its positions mean).
 _BASE_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
+_KEYS = ("rank", "alpha", "targets", "mask_token_id", "base")  # adapter.json's keys that loading reads
+_BASE_KEYS = (*_BASE_FIELDS, "fingerprint", "mask_token")
 
 
 def split(params: dict) -> tuple[dict, dict]:
@@ -120,13 +122,13 @@ def _per_layer(tree: dict) -> dict:
 def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, Any]) -> None:
     """Writes `adapter.safetensors` and `adapter.json`. `base`: what names the base model (`name`,
     `fingerprint` of its weights before the mask token was set up, `mask_token`: the spec that set it)."""
-    from safetensors.numpy import save_file
+    from sbd_jax.checkpoints.files import save_safetensors
 
     assert config.adapter is not None, "save_adapter writes an adapter run's adapter"
     os.makedirs(path, exist_ok=True)
     tensors = {name: np.ascontiguousarray(np.asarray(value, np.float32))
                for name, value in _flat(_per_layer(jax.device_get(adapter))).items()}
-    save_file(tensors, os.path.join(path, WEIGHTS))
+    save_safetensors(tensors, os.path.join(path, WEIGHTS))
     meta = {"format": FORMAT, "rank": config.adapter.rank, "alpha": config.adapter.alpha,
             "targets": list(config.adapter.targets), "mask_token_id": config.mask_token_id,
             "base": {**{f: getattr(config, f) for f in _BASE_FIELDS}, **base}}
@@ -144,8 +146,14 @@ def read_adapter_config(path: str) -> dict:
         meta = json.load(open(file))
     except json.JSONDecodeError as e:
         raise UserError(f"{file} is not valid JSON ({e}); the adapter directory is damaged") from None
-    if meta.get("format") != FORMAT:
-        raise UserError(f"{file} has format {meta.get('format')!r}, not {FORMAT!r}; re-export the adapter")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise UserError(f"{file} has format {found!r}, not {FORMAT!r}; re-export the adapter")
+    base = meta.get("base")
+    missing = [key for key in _KEYS if key not in meta] or (
+        ["base"] if not isinstance(base, dict) else [f"base.{key}" for key in _BASE_KEYS if key not in base])
+    if missing:
+        raise UserError(f"{file} has no {missing[0]!r}; the adapter directory is damaged: re-export the adapter")
     return meta
 
 

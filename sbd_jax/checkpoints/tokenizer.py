@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from sbd_jax.errors import UserError
+from sbd_jax.errors import PromptError, UserError
 
 # Files any HF tokenizer is built from; without one, transformers would build an empty tokenizer.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -65,6 +65,7 @@ def _gguf_tokenizer(path: str) -> Any:
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
     """Token ids of a prompt: raw text, or one user turn through the model's chat template."""
+    check_prompt_text(prompt)
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise UserError("--chat needs a chat template, and this model's tokenizer has none; drop --chat")
@@ -73,5 +74,19 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
     else:
         ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
     if not ids:
-        raise UserError("the prompt is empty after tokenization; give at least one token of text")
+        raise PromptError("the prompt is empty after tokenization; give at least one token of text")
     return list(ids)
+
+
+def check_prompt_text(prompt: object) -> None:
+    """A prompt is a str of valid Unicode (a tokenizer would fail on anything else with a traceback)."""
+    if not isinstance(prompt, str):
+        hint = " (decode bytes first: b.decode('utf-8'))" if isinstance(prompt, (bytes, bytearray)) else ""
+        raise PromptError(f"a prompt must be a str, got {type(prompt).__name__}{hint}")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # lone surrogates: Python's stand-ins for non-UTF-8 bytes in argv
+        code = ord(prompt[e.start])
+        what = f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+        raise PromptError(f"the prompt is not valid UTF-8 text (character {e.start + 1} is {what}); "
+                          "give the prompt as UTF-8") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import numbers
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -13,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from sbd_jax.decoding.base import DEFAULT_GAMMA, Decoder, TracedSettings
-from sbd_jax.errors import UserError
+from sbd_jax.errors import PromptError, UserError
 from sbd_jax.model.config import ModelConfig
 
 PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this, so few shapes compile
+SEED_LIMIT = 2**63  # jax.random.key takes a signed 64-bit seed; a larger one overflows
 
 
 class Generation(NamedTuple):
@@ -55,6 +57,11 @@ class BatchTiming(NamedTuple):
     def seconds(self) -> float:
         return self.prefill_seconds + self.decode_seconds
 
+    @classmethod
+    def total(cls, timings: Sequence[BatchTiming]) -> BatchTiming:
+        """The sums over batches decoded one after another."""
+        return cls(*(sum(column) for column in zip(*timings)))
+
 
 def pad_prompts(prompts: Sequence[Sequence[int]], new_tokens: int, new_slots: int, max_cache_len: int | None,
                 config: ModelConfig, slots_label: str = "max_new_tokens",
@@ -65,25 +72,40 @@ def pad_prompts(prompts: Sequence[Sequence[int]], new_tokens: int, new_slots: in
     The cache gets `new_slots` slots past the prompt (SBD: whole blocks, `slots_label` says which). The
     model's context bounds only the `new_tokens` positions that can be emitted: block positions past them
     are decoded and dropped (verified mode never emits a draft past them), so a last block may reach past
-    the context where NTP's last token reaches up to it."""
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise UserError("every prompt needs at least one token")
+    the context where NTP's last token reaches up to it; a cache of `max_cache_len` must also hold the
+    slots, and never lifts the context's bound. A bad prompt is a PromptError naming its row."""
+    if not prompts:
+        raise UserError("give at least one prompt")
+    if any(len(p) == 0 for p in prompts):
+        raise PromptError("every prompt needs at least one token", [len(p) for p in prompts].index(0))
     if max(max(p) for p in prompts) >= config.vocab_size or min(min(p) for p in prompts) < 0:
         raise UserError(f"a prompt token id is outside the vocabulary [0, {config.vocab_size})")
     lengths = np.array([len(p) for p in prompts], np.int32)
     longest = int(lengths.max())
-    if max_cache_len is None:
-        limit, new, label, what = config.max_position_embeddings, new_tokens, "max_new_tokens", "the model's context"
-    else:
-        limit, new, label, what = max_cache_len, new_slots, slots_label, "the cache size"
-    if longest + new > limit:
-        raise UserError(f"prompt ({longest} tokens) + {label} ({new}) = {longest + new} exceeds {what} "
-                        f"({limit}); shorten the prompt or lower --max-new-tokens")
+    bounds = [(config.max_position_embeddings, new_tokens, "max_new_tokens", "the model's context")]
+    if max_cache_len is not None:
+        bounds.append((max_cache_len, new_slots, slots_label, "the cache size"))
+    for limit, new, label, what in bounds:
+        if longest + new > limit:
+            raise PromptError(f"prompt ({longest} tokens) + {label} ({new}) = {longest + new} exceeds {what} "
+                              f"({limit}); shorten the prompt or lower --max-new-tokens", int(lengths.argmax()))
+    limit, new = bounds[-1][:2]  # the cache's size: max_cache_len where given, else the context
     padded_len = min(-(-max(longest, pad_to) // PROMPT_BUCKET) * PROMPT_BUCKET, limit - new)
     tokens = np.zeros((len(prompts), padded_len), np.int32)
     for row, prompt in enumerate(prompts):
         tokens[row, : len(prompt)] = prompt
     return tokens, lengths, padded_len + new_slots
+
+
+def check_seed(seed: object) -> None:
+    """A seed is a whole number in [0, 2**63) (bools are not seeds)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < SEED_LIMIT:
+        raise UserError(f"seed={seed!r} must be a whole number in [0, 2**63 - 1] (= {SEED_LIMIT - 1})")
+
+
+def batch_seed(seed: int, batch: int) -> int:
+    """The seed of a dataset's `batch`-th batch: `seed + batch`, wrapped to stay a valid seed."""
+    return (seed + batch) % SEED_LIMIT
 
 
 class Executables:
@@ -120,6 +142,7 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     dataset to decode it in batches that all reuse one compiled shape (and pass one `executables` to
     every call, or each call compiles afresh). `gamma` is SBD's entropy budget per pass (traced: a new
     value never recompiles); the other decoders ignore it."""
+    check_seed(seed)
     knobs = TracedSettings.create(gamma)
     executables = Executables(capacity=2) if executables is None else executables  # an empty one is falsy
     tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, max_cache_len,
@@ -165,12 +188,16 @@ def generate_batched(decoder: Decoder, params: Any, prompts: Sequence[Sequence[i
     with seed + i)."""
     if batch < 1 or not prompts:
         raise UserError(f"give at least one prompt and batch >= 1 (got {len(prompts)} prompts, batch={batch})")
+    check_seed(seed)
     executables = Executables(capacity=2) if executables is None else executables  # an empty one is falsy
     longest = max(pad_to, *map(len, prompts))
     generations, timings = [], []
     for i, start in enumerate(range(0, len(prompts), batch)):
-        results, timing = generate(decoder, params, prompts[start: start + batch], seed=seed + i, pad_to=longest,
-                                   gamma=gamma, executables=executables)
+        try:
+            results, timing = generate(decoder, params, prompts[start: start + batch], seed=batch_seed(seed, i),
+                                       pad_to=longest, gamma=gamma, executables=executables)
+        except PromptError as e:  # name the prompt by its place in the dataset, not in its batch
+            raise e.shifted(start) from None
         generations += results
         timings.append(timing)
-    return generations, BatchTiming(*(sum(column) for column in zip(*timings)))
+    return generations, BatchTiming.total(timings)

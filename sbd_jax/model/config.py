@@ -105,6 +105,10 @@ class ModelConfig:
                 raise UserError(f"config {name}={getattr(self, name)!r}: use one of {', '.join(DTYPES)}")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise UserError(f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.mask_token_id is not None and self.mask_token_id in self.eos_token_ids:
+            # every decoder is kept from emitting the mask token, so it could then never stop
+            raise UserError(f"mask_token_id={self.mask_token_id} is an end-of-sequence id of this model (eos ids "
+                            f"{list(self.eos_token_ids)}): decoding would never stop; choose another (unused) token")
 
     @property
     def compute_dtype(self) -> jnp.dtype:
