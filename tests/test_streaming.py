@@ -62,13 +62,15 @@ def test_a_small_corpus_is_cut_finely_and_a_large_one_in_large_chunks(tmp_path):
     assert chunk_bytes_for([small, str(large)]) == CHUNK_BYTES
 
 
-def test_a_bad_record_is_named_by_file_and_line_or_by_byte_in_later_chunks(tmp_path):
+def test_a_bad_record_is_named_by_file_and_line_also_in_later_chunks(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"text": "fine"}\n{"text": 3}\n' + '{"text": "fine"}\n' * 10 + "{oops\n")
+    path.write_text('{"text": "fine"}\n{"text": 3}\n' + '{"text": "fine"}\n' * 10 + "{oops\n" + '{"text": 4}\n')
     with pytest.raises(UserError, match=f"{path}:2: expected"):
         read(plan_chunks([str(path)]))
-    with pytest.raises(UserError, match=rf"{path} \(line at byte 199\): not valid JSON"):
+    with pytest.raises(UserError, match=rf"{path}:13: not valid JSON"):  # counted, not "line at byte 199"
         read(plan_chunks([str(path)], 150)[1:])
+    with pytest.raises(UserError, match=rf"{path}:14: expected"):
+        read(plan_chunks([str(path)], 200)[1:])
 
 
 def batches(files, tok, shards=2, host=0, hosts=1, workers=0):

@@ -130,11 +130,11 @@ class _RecordsIterator(grain.DatasetIterator):
         """Records from the cursor's position on, advancing the cursor past each one before it is yielded."""
         if chunk.end == -1:
             if cursor["offset"] == -1:
-                cursor.update(offset=0, read=os.path.getsize(chunk.path))
+                cursor.update(offset=0, read=_size(chunk.path))
                 yield from text_file_record(chunk.path)
             return
         while True:
-            with open(chunk.path, "rb") as f:  # closed between reads: many chunks are open at once
+            with _open(chunk.path) as f:  # closed between reads: many chunks are open at once
                 position = cursor["offset"]
                 if position == -1:
                     position = chunk.start
@@ -145,8 +145,10 @@ class _RecordsIterator(grain.DatasetIterator):
                 lines, read = [], 0
                 while position + read < chunk.end and read < READ_BYTES:
                     line = f.readline()
-                    if not line:
-                        break
+                    if not line:  # the file ends before the chunk planned from its size at the start
+                        raise UserError(f"{chunk.path} became shorter during the run ({_size(chunk.path)} bytes, "
+                                        f"at least {chunk.end} when the run started): training files must not "
+                                        "change while a run reads them; restore it, or start a new run")
                     lines.append(line)
                     read += len(line)
             if not lines:
@@ -155,14 +157,15 @@ class _RecordsIterator(grain.DatasetIterator):
                 position += len(line)
                 number = cursor["line"] + 1
                 cursor.update(offset=position, read=cursor["read"] + len(line), line=number)
-                if line.strip():
-                    # Line numbers count from the file's start only in its first chunk; later chunks name bytes.
-                    where = f"{chunk.path}:{number}" if chunk.start == 0 else f"{chunk.path} (line at byte {position - len(line)})"
-                    try:
-                        record = json.loads(line)
-                    except ValueError as e:  # bad JSON or bad UTF-8
-                        raise UserError(f"{where}: not valid JSON ({getattr(e, 'msg', None) or e})") from None
-                    yield checked_record(record, where)
+                if not line.strip():
+                    continue
+                try:
+                    record = checked_record(parsed_line(line), "")  # a bad record's message: ": expected ..."
+                except ValueError as e:  # a UserError too; the line is numbered only when one fails
+                    at = number if chunk.start == 0 else _line_number(chunk.path, position - len(line))
+                    message = str(e).removeprefix(": ") if isinstance(e, UserError) else f"not valid JSON ({e})"
+                    raise UserError(f"{chunk.path}:{at}: {message}") from None
+                yield record
 
     def get_state(self) -> dict[str, Any]:
         return {"epoch": self._epoch, "next": self._next, "open": [dict(cursor) for cursor in self._open]}
@@ -172,3 +175,43 @@ class _RecordsIterator(grain.DatasetIterator):
         self._chunks = self._epoch_chunks(self._epoch)
         self._open = [dict(cursor) for cursor in state["open"]]
         self._readers: list[Iterator[dict[str, Any]] | None] = [None] * len(self._open)
+
+
+def parsed_line(line: bytes) -> Any:
+    """One JSON line's value; its failures as a ValueError whose message is whole (json's `msg` alone
+    reads "Invalid control character at") and names the column."""
+    try:
+        return json.loads(line.rstrip(b"\r\n"))  # the line end would be a line 2 in json's position
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{e.msg}{'' if e.msg.endswith(' at') else ' at'} column {e.colno}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8: byte {e.start} of the line") from None
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _line_number(path: str, offset: int) -> int:
+    """The number of the line that starts at byte `offset` (counted only for an error message)."""
+    count = 0
+    with _open(path) as f:
+        while offset > 0:
+            block = f.read(min(offset, READ_BYTES))
+            if not block:
+                break
+            count += block.count(b"\n")
+            offset -= len(block)
+    return count + 1
+
+
+def _open(path: str) -> Any:
+    """The file opened for reading in binary, or a UserError if it went away during the run."""
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise UserError(f"cannot read training file {path} during the run ({e.strerror}): training files must "
+                        "stay in place while a run reads them; restore it, or start a new run") from None
+
+
+def _size(path: str) -> int:
+    with _open(path) as f:
+        return f.seek(0, os.SEEK_END)

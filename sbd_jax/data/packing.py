@@ -136,17 +136,20 @@ def tokenize(record: dict[str, Any], tokenizer: Any) -> Document:
     return Document(ids, loss)
 
 
-def pack(documents: Sequence[Document], seq_len: int) -> Batch:
+def pack(documents: Sequence[Document], seq_len: int, drop_loss_free: bool = False) -> Batch:
     """Packs documents into rows of `seq_len`, never splitting one that fits in a row.
 
-    A document longer than a row is cut into row-long pieces plus a remainder. Each piece goes to
+    A document longer than a row is cut into row-long pieces plus a remainder; with `drop_loss_free`,
+    pieces without a token that carries loss are left out (a piece attends only within itself, so such
+    a piece adds nothing to any loss: a chat's long prompt). Each piece goes to
     the fullest row that still has room for it (best fit), or opens a new row; the rest of a row is
     padding (segment id 0). Segment ids keep documents apart; positions count from 0 in each piece:
     a continuation piece is a window of its own, with no earlier context in its row (its true offset
     could also exceed the model's position range).
     """
     pieces = [(doc, start, min(start + seq_len, len(d.ids)))
-              for doc, d in enumerate(documents) for start in range(0, len(d.ids), seq_len)]
+              for doc, d in enumerate(documents) for start in range(0, len(d.ids), seq_len)
+              if not drop_loss_free or np.any(d.loss_mask[start: start + seq_len])]
     rows: list[list[tuple[int, int, int]]] = []
     open_rows: list[tuple[int, int]] = []  # (room left, row), sorted
     for piece in pieces:

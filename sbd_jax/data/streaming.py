@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import threading
 import time
 from typing import Any, Sequence
@@ -88,9 +89,9 @@ class _PackIterator(grain.DatasetIterator):
                 if documents:
                     break
                 if empty_epoch:  # a whole epoch of this stream went by without a document
-                    raise UserError(f"an epoch of data shard {self._shard}'s records tokenized to nothing: give "
-                                    "records with text (or chats with assistant turns), or fewer data.shards / "
-                                    "data.workers")
+                    raise UserError(f"an epoch of data shard {self._shard}'s records has no token that carries "
+                                    "loss: give records with text (or chats with assistant turns), or fewer "
+                                    "data.shards / data.workers")
                 empty_epoch = True
                 continue
             documents.append(Document(d["ids"], d["loss_mask"]))
@@ -98,7 +99,9 @@ class _PackIterator(grain.DatasetIterator):
         if not documents:
             raise StopIteration
         rng = np.random.default_rng([self._seed, self._window])
-        packed = pack([documents[i] for i in rng.permutation(len(documents))], self._seq_len)
+        # Pieces without loss (a long prompt cut into row-long pieces) would be rows that train nothing,
+        # and a batch of only such rows has no loss at all: every row packed here carries loss.
+        packed = pack([documents[i] for i in rng.permutation(len(documents))], self._seq_len, drop_loss_free=True)
         # Best-fit packing places documents in order, so neighbouring rows hold neighbouring documents.
         self._rows = [{name: getattr(packed, name)[r] for name in Batch._fields}
                       for r in rng.permutation(len(packed.tokens))]
@@ -126,7 +129,9 @@ def _encode(record: dict[str, Any], tokenizer: Any) -> dict[str, Any]:
 
 
 def _kept(document: dict[str, Any]) -> bool:
-    return "epoch_end" in document or len(document["ids"]) > 0
+    """Documents with a token that carries loss (the packer drops what carries none, so a window of only
+    such documents would pack into no rows)."""
+    return "epoch_end" in document or bool(document["loss_mask"].any())
 
 
 def shard_stream(chunks: Sequence[Chunk], shard: int, shards: int, tokenizer: Any, seq_len: int,
@@ -145,8 +150,9 @@ def shard_stream(chunks: Sequence[Chunk], shard: int, shards: int, tokenizer: An
 
 
 def _exit_with_parent(worker_index: int, worker_count: int, parent: int) -> None:
-    """In each worker: exit within half a second of the training process `parent` dying (a SIGKILLed run
-    would otherwise leave its workers running, holding memory and the run's output pipes).
+    """In each worker: ignore Ctrl-C (the training process answers it), and exit within half a second of
+    the training process `parent` dying (a SIGKILLed run would otherwise leave its workers running,
+    holding memory and the run's output pipes).
 
     `parent` is the training process's pid, taken in that process when the stream is built. Reading it
     here with `os.getppid()` instead had a race: a worker still starting when its parent was killed read
@@ -155,6 +161,10 @@ def _exit_with_parent(worker_index: int, worker_count: int, parent: int) -> None
     Not `prctl(PR_SET_PDEATHSIG)`: Linux sends that signal when the *thread* that started the worker
     ends, and Grain starts workers from a prefetch thread that ends once all of them are made."""
     del worker_index, worker_count
+    # Ctrl-C reaches the whole process group: the training process saves and stops (StopRequest) and ends
+    # its workers; a worker that died of KeyboardInterrupt instead printed a traceback and leaked its
+    # shared memory.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -268,14 +278,12 @@ def _check_trainable(chunks: Sequence[Chunk], tokenizer: Any) -> None:
 
 
 def check_batch(host_batch: dict[str, np.ndarray], mask_id: int | None, step: int) -> dict[str, np.ndarray]:
-    """Refuses a batch whose tokens include the mask token (the model could not tell them apart) or
-    that carries no loss at all (chat data without assistant turns)."""
+    """Refuses a batch whose tokens include the mask token (the model could not tell them apart). Every
+    row carries loss: the packer drops pieces without any (`pack(drop_loss_free=True)`)."""
     real = host_batch["segment_ids"] > 0
     used = 0 if mask_id is None else int((host_batch["tokens"][real] == mask_id).sum())
     if used:
         raise UserError(f"mask token id {mask_id} occurs {used} times in the training data (step {step}'s "
                         "batch); choose a token the data never uses (or data.mask_token='new' for a new "
                         "embedding row)")
-    if not host_batch["loss_mask"].any():
-        raise UserError(f"step {step}'s batch has no token that carries loss (chat data without assistant turns?)")
     return host_batch
