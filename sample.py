@@ -6,6 +6,7 @@
     python sample.py --model smollm2-135m --prompt "..." --chat --mode sbd --verify --drafts lookup   # any model
     python sample.py --model DIR --prompts-file p.jsonl --mode sbd --verify --block-size auto   # fastest k here
     python sample.py --model DIR --prompts-file prompts.jsonl --mode sbd   # {"prompt": "..."} per line
+    python sample.py --model DIR --prompts-file big.jsonl --batch-size 16   # written batch by batch
 
 `--model` takes a known name (smollm2-135m), a Hugging Face model directory or a .gguf file.
 Bad input ends with a one-line error and exit code 2.
@@ -14,15 +15,18 @@ Bad input ends with a one-line error and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
+from typing import Any, Iterator
 
 from sbd_jax.cli import run_cli
-from sbd_jax.decoding.base import DEFAULT_GAMMA
+from sbd_jax.decoding.base import DEFAULT_GAMMA, check_whole_number
 from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.generate import BatchTiming, batch_seed, check_seed
 from sbd_jax.decoding.settings import MODES
-from sbd_jax.errors import UserError
+from sbd_jax.errors import PromptError, UserError
 
 _COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
 _CORRECTED = "7"  # reverse video: a verified run's correction of a rejected draft
@@ -32,7 +36,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m", help="model name, HF directory or .gguf file")
     p.add_argument("--prompt", action="append", default=[], help="prompt text; repeat for a batch")
-    p.add_argument("--prompts-file", help='JSONL file, one {"prompt": "..."} per line, run as one batch')
+    p.add_argument("--prompts-file", help='JSONL file, one {"prompt": "..."} per line, run in batches of --batch-size')
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="prompts decoded together (default 64); output is written as each batch finishes. Memory "
+                   "grows with it: about 1 MB a row on the shipped 4-layer model, several MB on SmolLM2-135M")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
     p.add_argument("--mode", choices=MODES, default="ntp",
                    help="ntp: one token per forward; sbd: Entropy-Bounded block decoding")
@@ -94,30 +101,70 @@ def block_size_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
 
 
-def read_prompts_file(path: str) -> list[str]:
-    """Prompts of a JSONL file; a bad line is named by file and line number."""
+def read_prompts_file(path: str) -> list[tuple[int, str]]:
+    """(line number, prompt) of each line of a JSONL file; a bad line is named by file and line number."""
     from sbd_jax.data.jsonl import iter_jsonl
 
     prompts = []
-    for number, row in iter_jsonl(path):
-        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
-            raise UserError(f'{path}:{number}: expected an object with a "prompt" string')
-        prompts.append(row["prompt"])
+    try:
+        for number, row in iter_jsonl(path):
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise UserError(f'{path}:{number}: expected an object with a "prompt" string')
+            prompts.append((number, row["prompt"]))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}:{first_non_utf8_line(path)}: not UTF-8 text; save the file as UTF-8") from None
     if not prompts:
         raise UserError(f"{path} holds no prompts")
     return prompts
 
 
+def first_non_utf8_line(path: str) -> int:
+    """The number of the first line that is not UTF-8 (the decoder reads in blocks, so its error has no line)."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
+
+
+@contextlib.contextmanager
+def naming_prompts(sources: list[str], start: int = 0) -> Iterator[None]:
+    """A bad prompt of the batch from `sources[start]` on is named by its flag or file line."""
+    try:
+        yield
+    except PromptError as e:
+        raise UserError(f"{sources[start + (e.index or 0)]}: {e.problem}") from None
+
+
 def coloured(tokenizer, token_ids: list[int], passes: list[int], corrected: list[bool]) -> str:
-    return "".join(f"\033[{_CORRECTED if fixed else _COLOURS[p % len(_COLOURS)]}m{tokenizer.decode([t])}\033[0m"
-                   for t, p, fixed in zip(token_ids, passes, corrected))
+    """The text with each pass's tokens in its colour (a verified run's corrections reversed). Runs of one
+    colour are decoded together; one that ends inside a character (byte-level tokens split it) is carried into
+    the next, so the character shows whole, in the colour of the pass that completed it, never as U+FFFD."""
+    pieces, start = [], 0
+    for end in range(1, len(token_ids) + 1):
+        style = (passes[end - 1], corrected[end - 1])
+        if end < len(token_ids) and (passes[end], corrected[end]) == style:
+            continue
+        text = tokenizer.decode(token_ids[start:end])
+        if end < len(token_ids) and text.endswith("\ufffd"):
+            continue  # an incomplete character: the next pass's tokens finish it
+        pieces.append(f"\033[{_CORRECTED if style[1] else _COLOURS[style[0] % len(_COLOURS)]}m{text}\033[0m")
+        start = end
+    return "".join(pieces)
 
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    texts = args.prompt + (read_prompts_file(args.prompts_file) if args.prompts_file else [])
+    texts, sources = list(args.prompt), [f"--prompt {i}" for i in range(1, len(args.prompt) + 1)]
+    for number, text in read_prompts_file(args.prompts_file) if args.prompts_file else []:
+        texts.append(text)
+        sources.append(f"{args.prompts_file}:{number}")
     if not texts:
         raise UserError("give at least one --prompt or a --prompts-file")
+    check_whole_number("--batch-size", args.batch_size, 1)
+    check_seed(args.seed)
     from sbd_jax.api import load
     from sbd_jax.decoding.settings import Settings
 
@@ -133,13 +180,35 @@ def main(argv: list[str]) -> None:
                         temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
-    if auto:
-        choice = model.choose_block_size(texts, len(texts), settings, chat=args.chat)
-        print(f"[--block-size auto at batch {len(texts)}: {choice.describe()}]", file=sys.stderr)
+    batch = min(args.batch_size, len(texts))
+    if auto:  # measured on the first batch, at the batch size decoded
+        with naming_prompts(sources):
+            choice = model.choose_block_size(texts[:batch], batch, settings, chat=args.chat)
+        print(f"[--block-size auto at batch {batch}: {choice.describe()}]", file=sys.stderr)
         settings = (settings.as_ntp() if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))
-    results = model.generate(texts, settings, chat=args.chat, seed=args.seed, max_cache_len=args.max_cache_len)
-    timing = model.last_timing
+    results, timings = [], []
+    for i, start in enumerate(range(0, len(texts), batch)):  # each batch written as it finishes
+        with naming_prompts(sources, start):
+            results += model.generate(texts[start: start + batch], settings, chat=args.chat,
+                                      seed=batch_seed(args.seed, i), max_cache_len=args.max_cache_len)
+        timings.append(model.last_timing)
+        print_batch(args, settings, model.tokenizer, texts[start: start + batch], results[start:], timings[-1],
+                    alone=len(texts) == 1)
+        sys.stdout.flush()
+    if not args.json and len(texts) > 1:
+        timing = BatchTiming.total(timings)
+        tokens = sum(len(r.token_ids) for r in results)
+        passes = sum(r.nfe for r in results)
+        batches = f"batch of {len(texts)}" if batch == len(texts) else f"{len(texts)} prompts in batches of {batch}"
+        print(f"[{settings.mode}, {batches}: {tokens} tokens, mean {tokens / max(passes, 1):.2f} "
+              f"tokens/pass, {tokens / timing.seconds:.1f} tokens/s (prefill {timing.prefill_seconds:.2f}s + "
+              f"decode {timing.decode_seconds:.2f}s), compile {timing.compile_seconds:.1f}s]")
+
+
+def print_batch(args: argparse.Namespace, settings: Any, tokenizer: Any, texts: list[str], results: list[Any],
+                timing: Any, alone: bool) -> None:
+    """One batch's generations: JSON objects, coloured passes or plain text (`alone`: with a summary line)."""
     for text, result in zip(texts, results):
         n = len(result.token_ids)
         if args.json:
@@ -156,22 +225,16 @@ def main(argv: list[str]) -> None:
                    if settings.verify else {}),
             }))
         elif args.show_passes:
-            print(coloured(model.tokenizer, result.token_ids, result.reveal_pass, result.corrected))
+            print(coloured(tokenizer, result.token_ids, result.reveal_pass, result.corrected))
         else:
             print(result.text)
-        if not args.json and len(texts) == 1:
+        if not args.json and alone:
             accepted = (f", {result.accepted_fraction:.0%} of {settings.drafts} drafts accepted" if settings.verify
                         else "")
             print(f"[{settings.mode}: {n} tokens in {result.nfe} passes ({result.tokens_per_pass:.2f} tokens/pass"
                   f"{accepted}); "
                   f"prefill {timing.prefill_seconds:.2f}s, decode {timing.decode_seconds:.2f}s, "
                   f"compile {timing.compile_seconds:.1f}s]")
-    if not args.json and len(texts) > 1:
-        tokens = sum(len(r.token_ids) for r in results)
-        passes = sum(r.nfe for r in results)
-        print(f"[{settings.mode}, batch of {len(texts)}: {tokens} tokens, mean {tokens / max(passes, 1):.2f} "
-              f"tokens/pass, {tokens / timing.seconds:.1f} tokens/s (prefill {timing.prefill_seconds:.2f}s + "
-              f"decode {timing.decode_seconds:.2f}s), compile {timing.compile_seconds:.1f}s]")
 
 
 if __name__ == "__main__":
