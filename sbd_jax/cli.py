@@ -1,4 +1,5 @@
-"""Shared CLI behaviour: bad input ends in one line on stderr and exit code 2, never a traceback."""
+"""Shared CLI behaviour: bad input ends in one line on stderr and exit code 2 (a run stopped by a signal:
+75, `training.stop_request.Stopped`), never a traceback."""
 
 from __future__ import annotations
 
@@ -13,4 +14,4 @@ def run_cli(main: Callable[[list[str]], object], argv: list[str]) -> None:
         main(argv)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))  # a subclass may set its own (a stopped run: 75)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from typing import Any, Iterator
 
 import grain
@@ -25,6 +26,15 @@ def checkpoint_manager(cfg: TrainConfig, workdir: str) -> Any:
     return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")), options=options)
 
 
+class Unrestorable(UserError):
+    """A checkpoint that cannot be restored into this run: written for another config, or damaged.
+    `step` is its step, `cause` what restoring it raised (one line)."""
+
+    def __init__(self, message: str, step: int, cause: str):
+        super().__init__(message)
+        self.step, self.cause = step, cause
+
+
 def restore(manager: Any, step: int, where: str, state: Any, iterator: Any) -> Any:
     """The state of checkpoint `step` (shaped and sharded like `state`); moves `iterator` to its position."""
     import orbax.checkpoint as ocp
@@ -33,19 +43,44 @@ def restore(manager: Any, step: int, where: str, state: Any, iterator: Any) -> A
     try:
         restored = manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), data=grain.checkpoint.CheckpointRestore(iterator)))
+    except UserError:  # the data stream's own refusal (other batch shapes, other files): already one line
+        raise
     except Exception as e:  # orbax raises many types for a foreign or damaged checkpoint
-        raise UserError(f"cannot restore the checkpoint of step {step} in {where} "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); it does not match this "
-                        "config or is damaged: use another --workdir or delete it") from None
+        cause = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        raise Unrestorable(f"cannot restore the checkpoint of step {step} in {where} ({cause}); it was written "
+                           "for another config or is damaged: resume with the config that wrote it, or start a "
+                           "new run in another --workdir", step, cause) from None
     return restored["state"]
 
 
 def resume(manager: Any, cfg: TrainConfig, workdir: str, state: Any, iterator: Any) -> tuple[Any, int]:
-    """(state, completed steps): the latest checkpoint in `workdir`, else `cfg.init_from`'s (a branch off
-    another run), else `state` at step 0."""
-    latest = manager.latest_step()
-    if latest is not None:
-        return restore(manager, latest, workdir, state, iterator), latest
+    """(state, completed steps): the newest checkpoint in `workdir` that restores, else `cfg.init_from`'s
+    (a branch off another run), else `state` at step 0. Newer checkpoints that do not restore while an
+    older one does are damaged (this config restores the older one): they are moved to
+    `workdir/damaged_checkpoints` (the run saves those steps again) and the fallback is announced."""
+    steps = sorted(manager.all_steps(), reverse=True)
+    failed: list[Unrestorable] = []
+    for step in steps:
+        try:
+            restored = restore(manager, step, workdir, state, iterator)
+        except Unrestorable as e:
+            failed.append(e)
+            continue
+        if failed:
+            damaged = [e.step for e in failed]
+            _set_aside(manager, workdir, damaged)
+            print(f"note: the checkpoint{'s' * (len(damaged) > 1)} of step {', '.join(map(str, damaged))} in "
+                  f"{workdir} cannot be restored ({failed[0].cause}) and {'are' if len(damaged) > 1 else 'is'} "
+                  f"damaged (the older one of step {step} restores): resumed from step {step}; moved "
+                  f"{'them' if len(damaged) > 1 else 'it'} to {os.path.join(workdir, DAMAGED)}", file=sys.stderr)
+        return restored, step
+    if len(failed) > 1:
+        raise Unrestorable(f"cannot restore any of the checkpoints in {workdir} (steps {', '.join(map(str, steps))}; "
+                           f"step {steps[0]}: {failed[0].cause}); they were written for another config or are "
+                           "damaged: resume with the config that wrote them, or start a new run in another "
+                           "--workdir", steps[0], failed[0].cause)
+    if failed:
+        raise failed[0]
     if not cfg.init_from:
         return state, 0
     source = checkpoint_manager(cfg, cfg.init_from)
@@ -56,19 +91,83 @@ def resume(manager: Any, cfg: TrainConfig, workdir: str, state: Any, iterator: A
     return restore(source, step, cfg.init_from, state, iterator), step
 
 
-def save(manager: Any, step: int, state: Any, iterator: Any) -> None:
-    """Saves `state` and the iterator's position as checkpoint `step` (asynchronously where configured)."""
+DAMAGED = "damaged_checkpoints"  # in the workdir: checkpoints that did not restore while an older one did
+
+
+def _set_aside(manager: Any, workdir: str, steps: list[int]) -> None:
+    """Moves damaged checkpoints out of the manager's directory (kept for a look, never deleted), so the
+    run saves those steps again. Process 0 moves them (hosts share the workdir), then every host rereads."""
+    if jax.process_index() == 0:
+        aside = os.path.join(workdir, DAMAGED)
+        os.makedirs(aside, exist_ok=True)
+        for step in steps:
+            target = os.path.join(aside, str(step))
+            if os.path.exists(target):  # one set aside before: keep both
+                target += f".{len(os.listdir(aside))}"
+            os.replace(os.path.join(str(manager.directory), str(step)), target)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("damaged checkpoints set aside")
+    manager.reload()
+
+
+def save(manager: Any, step: int, state: Any, iterator: Any, workdir: str) -> None:
+    """Saves `state` and the iterator's position as checkpoint `step` (asynchronously where configured);
+    a failed save (a full disk) is a `SaveFailed`."""
     import orbax.checkpoint as ocp
 
-    manager.save(step, force=True, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(streaming.Snapshot(iterator.get_state()))))
+    with reported_save_errors(manager, workdir, step):
+        manager.save(step, force=True, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=grain.checkpoint.CheckpointSave(streaming.Snapshot(iterator.get_state()))))
+
+
+class SaveFailed(UserError):
+    """A checkpoint save that failed (a full disk, a lost mount): the run stops at once, in one line."""
 
 
 @contextlib.contextmanager
-def finishing_saves(manager: Any) -> Iterator[None]:
-    """Waits for in-flight async saves also when the loop stops with an error, so the last good
-    checkpoint is whole on disk."""
+def reported_save_errors(manager: Any, workdir: str, step: int | None = None) -> Iterator[None]:
+    """Turns a failure of a save (or of an earlier async one) into one `SaveFailed` line that says what is
+    safe: the newest checkpoint that was finished before it."""
     try:
         yield
+    except UserError:
+        raise
+    except Exception as e:  # orbax and the filesystem raise many types; async ones come back wrapped
+        cause: BaseException = e
+        while isinstance(cause.__cause__, Exception):
+            cause = cause.__cause__
+        try:  # what is on disk, whole (a step whose save failed may be listed)
+            finished = [s for s in manager.all_steps(read=True) if s != step]
+            resume_from = f"step {max(finished)}" if finished else "the start"
+        except Exception:  # the same trouble (a lost mount)
+            resume_from = "its newest whole checkpoint"
+        what = f"the checkpoint of step {step}" if step is not None else "a checkpoint"
+        raise SaveFailed(f"cannot save {what} in {workdir} ({type(cause).__name__}: "
+                         f"{(str(cause).splitlines() or [''])[0][:200]}); training stopped: free space or fix the "
+                         f"directory, then run the same command again to resume from {resume_from}") from None
+
+
+@contextlib.contextmanager
+def finishing_saves(manager: Any, workdir: str) -> Iterator[None]:
+    """Waits for in-flight async saves, also when the loop stops with an error, so the last good
+    checkpoint is whole on disk; then closes the manager (its background threads, left running, print
+    tracebacks at exit). A failed async save not reported yet is a `SaveFailed` when the loop ends."""
+    try:
+        yield
+        check_saves(manager, workdir, wait=True)
     finally:
-        manager.wait_until_finished()
+        with contextlib.suppress(Exception):
+            manager.wait_until_finished()
+        with contextlib.suppress(Exception):
+            manager.close()
+
+
+def check_saves(manager: Any, workdir: str, wait: bool = False) -> None:
+    """Raises `SaveFailed` if an async save has failed (after waiting for those in flight, with `wait`)."""
+    with reported_save_errors(manager, workdir):
+        if wait:
+            manager.wait_until_finished()
+        manager.check_for_errors()

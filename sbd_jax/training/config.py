@@ -194,6 +194,7 @@ class TrainConfig:
         if self.adapter.rank and self.objective.kind != "sbd":
             raise UserError("config adapter.rank > 0 trains SBD's blocks: it needs objective.kind=sbd (an NTP "
                             "adapter would leave the base model's outputs as they are)")
+        check_in_range("seed", self.seed, 0, 2**32, why="a 32-bit random seed")
         if len(self.mesh) != 3:
             raise UserError(f"config mesh={self.mesh}: give (data, fsdp, tensor), -1 for the remaining devices")
         if self.init_from and not os.path.isdir(os.path.join(self.init_from, "checkpoints")):

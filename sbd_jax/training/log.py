@@ -27,8 +27,7 @@ class MetricsLog:
         if primary:
             path = os.path.join(workdir, "metrics.jsonl")
             if os.path.exists(path):
-                with open(path) as f:
-                    keep = [line for line in f if line.strip() and json.loads(line)["step"] <= completed]
+                keep = [json.dumps(row) + "\n" for row in _read_rows(path) if row["step"] <= completed]
                 with open(path, "w") as f:
                     f.writelines(keep)
             self.file = open(path, "a")
@@ -50,6 +49,28 @@ class MetricsLog:
     def __exit__(self, *exc: Any) -> None:
         if self.file is not None:
             self.file.close()
+
+
+def _read_rows(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl. A cut last line (a kill or a full disk mid-write) is dropped with a
+    note: the checkpoints hold the run, the log only mirrors them. A damaged line elsewhere is an error."""
+    with open(path, "rb") as f:
+        lines = [(number, line) for number, line in enumerate(f.read().split(b"\n"), 1) if line.strip()]
+    rows = []
+    for number, line in lines:
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("no step")
+        except ValueError:  # bad JSON or UTF-8 too
+            if number < lines[-1][0]:
+                raise UserError(f"{path}:{number}: the record is damaged ({line[:60]!r}): remove that line, or move "
+                                "the file away (the run's checkpoints do not depend on it)") from None
+            print(f"note: {path}: its last record was cut off ({line[:60]!r}); dropped, the run resumes from "
+                  "its checkpoint", file=sys.stderr)
+            continue
+        rows.append(row)
+    return rows
 
 
 def _tensorboard(workdir: str) -> Any:

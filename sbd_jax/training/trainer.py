@@ -10,6 +10,7 @@ sees the same batches and computes the same numbers as an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -40,7 +41,8 @@ from sbd_jax.training.step import (
     make_optimizer,
     sharded_state,
 )
-from sbd_jax.training.stop_request import StopRequest
+from sbd_jax.training.stop_request import Stopped, StopRequest
+from sbd_jax.training.workdir_lock import WorkdirLock
 
 
 def run_options(m: ModelToTrain) -> dict[str, Any]:
@@ -85,6 +87,8 @@ class Trainer:
         if cfg.multihost:
             _initialize_distributed(cfg.distributed)
         self.cfg, self.workdir = cfg, workdir
+        with self._workdir_lock():  # held by run(); tried here so a second run fails before loading anything
+            pass
         self.mesh = sharding.make_mesh(tuple(cfg.mesh))
         batch_ways = math.prod(self.mesh.shape[a] for a in sharding.LOGICAL_RULES["batch"])
         micro = cfg.train.batch_size // cfg.train.grad_accum
@@ -137,9 +141,18 @@ class Trainer:
         """The Orbax manager of this run's checkpoints."""
         return train_checkpoints.checkpoint_manager(self.cfg, self.workdir)
 
+    def _workdir_lock(self) -> Any:
+        """The workdir's lock (process 0's: hosts share the workdir), held while a run trains."""
+        return WorkdirLock(self.workdir) if jax.process_index() == 0 else contextlib.nullcontext()
+
     def run(self, until: int | None = None) -> list[dict[str, float]]:
         """Trains to `train.steps` (or to step `until` of the same run, saved there: a long run spent in
-        pieces), resuming from `workdir`; returns this invocation's logged metrics."""
+        pieces), resuming from `workdir`; returns this invocation's logged metrics. Holds the workdir's
+        lock throughout: a second run on the same workdir is refused, naming this one's process."""
+        with self._workdir_lock():
+            return self._run(until)
+
+    def _run(self, until: int | None) -> list[dict[str, float]]:
         manager = self.checkpoint_manager()
         try:
             self.state, start = train_checkpoints.resume(manager, self.cfg, self.workdir, self.state, self.iterator)
@@ -157,7 +170,7 @@ class Trainer:
                         device_peak_flops(jax.devices()[0], self.config.dtype))
         stopped_at, previous = None, None
         with (MetricsLog(self.workdir, start, primary=jax.process_index() == 0) as log,
-              train_checkpoints.finishing_saves(manager), StopRequest() as stop):
+              train_checkpoints.finishing_saves(manager, self.workdir), StopRequest() as stop):
             for step in range(start, end):
                 k = block_size_for_step(self.cfg, step)
                 host_batch = streaming.check_batch(next(self.iterator), self.config.mask_token_id, step + 1)
@@ -176,7 +189,7 @@ class Trainer:
                 previous = metrics["loss"]
                 checkpoint = (step + 1) % self.cfg.checkpoint.every == 0 or step + 1 == end
                 sync_point = checkpoint or (step + 1) % self.cfg.train.log_every == 0
-                if stop.agreed(sync_point):  # SIGTERM: save this step and stop
+                if stop.agreed(sync_point):  # SIGTERM or Ctrl-C: save this step and stop
                     checkpoint, sync_point, stopped_at = True, True, step + 1
                 if not sync_point:
                     continue
@@ -184,15 +197,16 @@ class Trainer:
                 logged += rows
                 log.write(rows)
                 progress.update(rows[-1])
+                train_checkpoints.check_saves(manager, self.workdir)  # a failed async save stops the run here
                 if checkpoint:
-                    train_checkpoints.save(manager, step + 1, self.state, self.iterator)
+                    train_checkpoints.save(manager, step + 1, self.state, self.iterator, self.workdir)
                     stop.unsaved = False
                 if stopped_at is not None:
                     break
         progress.close()
         if stopped_at is not None:
-            raise UserError(f"stopped by SIGTERM after step {stopped_at} of {total}: its checkpoint is saved in "
-                            f"{self.workdir}; run the same command again to continue")
+            raise Stopped(f"stopped by {stop.signal} after step {stopped_at} of {total}: its checkpoint is saved "
+                          f"in {self.workdir}; run the same command again to continue")
         if self.cfg.export_hf and end == total:
             self.export(os.path.join(self.workdir, "adapter" if self.frozen is not None else "hf"))
         return logged
