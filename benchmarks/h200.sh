@@ -23,10 +23,13 @@
 #      the H200 roofline, at datasheet and at measured HBM bandwidth; k = 1 is the NTP decode step.
 #      Grid order: batch 1 (KV 1k, 4k, 16k), then batch 8 (1k, 4k, 16k). If short of time, cut from the end:
 #      batch 8 KV 16k first, then the rest of batch 8.
-#   3. lookup (last call, <= 170 s): verified decoding with prompt-lookup drafts on the base SmolLM2 (no
+#   3. lookup (last call, <= 90 s): verified decoding with prompt-lookup drafts on the base SmolLM2 (no
 #      fine-tune; fp32 at full matmul precision, so outputs are NTP's) against NTP on the recipe's test
 #      prompts: tokens/s at batch 1 (8 prompts) then 8 (16), blocks 4 / 8 / 16 -> h200_lookup_smollm2.json
 #      (benchmarks/lookup_decode.py)
+#   4. tree (last call, <= 100 s): the same with tree drafts (context matches and the model's own successors)
+#      at 16, 32 and 64 nodes and with the width rule on costs measured there -> h200_tree_smollm2.json
+#      (benchmarks/tree_decode.py --parts speed)
 # Every stage rewrites its JSON after each point, and the log is teed, into ${OUT:-benchmarks/results}:
 # a run cut short returns what it measured. Files: h200_preflight.json, h200_sbd.json,
 # h200_forward_cost_llama3_8b.json, h200_lookup_smollm2.json, h200_log.txt. The GPU image has jax (CUDA),
@@ -67,15 +70,24 @@ lookup() {  # lookup LIMIT MODEL ARGS...: the lookup stage on MODEL (a known nam
     --parts speed --min-matches 1 --out "${prefix}_lookup_smollm2.json" "$@"
 }
 
+tree() {  # tree LIMIT MODEL ARGS...: the tree stage on MODEL
+  local limit=$1 model=$2
+  shift 2
+  JAX_DEFAULT_MATMUL_PRECISION=highest stage tree "$limit" python3 -m benchmarks.tree_decode --model "$model" \
+    --parts speed --out "${prefix}_tree_smollm2.json" "$@"
+}
+
 if [[ "$mode" == "--lookup" ]]; then
   [[ -f "${2:-}" ]] || { echo "--lookup needs the SmolLM2 GGUF file, joined on this machine (see the header)"; exit 2; }
-  lookup 170 "$2" --block-sizes 4 8 16
+  lookup 90 "$2" --block-sizes 8 4 16
+  tree 100 "$2" --nodes 16 32 64 --batch1-prompts 8
 elif [[ "$mode" == "--smoke" ]]; then
   stage preflight 60 python3 -m benchmarks.preflight --out "${prefix}_preflight.json"
   stage forward_cost 300 python3 -m benchmarks.forward_cost --model smollm2-135m --ks 1 2 --batches 1 --kv 64 \
     --repeats 1 --out "${prefix}_forward_cost.json"
   stage sbd 600 python3 -m benchmarks.sbd_gpu --smoke --out "${prefix}_sbd.json"
   lookup 600 smollm2-135m --block-sizes 4 --batch1-prompts 1 --max-new-tokens 8
+  tree 600 smollm2-135m --nodes 4 --batch1-prompts 1 --max-new-tokens 8
 else
   stage preflight 40 python3 -m benchmarks.preflight --out "${prefix}_preflight.json"
   stage sbd 220 python3 -m benchmarks.sbd_gpu --out "${prefix}_sbd.json"

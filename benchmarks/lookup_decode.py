@@ -147,10 +147,10 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
 
 
 def arithmetic_rows(args) -> list[dict]:
-    from sbd_jax.decoding.verified import DRAFT_SOURCES
+    from sbd_jax.decoding.verified import CHAIN_SOURCES
 
     model, prompts, reference = arithmetic_problems(args)
-    return draft_source_rows(model, prompts, reference, args.block_sizes, DRAFT_SOURCES, 72, 64)
+    return draft_source_rows(model, prompts, reference, args.block_sizes, CHAIN_SOURCES, 72, 64)
 
 
 def arithmetic_problems(args):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.decoding.verified import fallbacks_used
 from sbd_jax.errors import UserError
@@ -121,7 +122,7 @@ def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, 
     from sbd_jax.decoding.generate import pad_prompts
 
     # every draft source gets the same slots; lookup's decoder needs no mask token
-    decoder = decoder_for(config, block_size, max_new_tokens, dataclasses.replace(VERIFIED, drafts="lookup"))
+    decoder = decoder_for(config, block_size, max_new_tokens, dataclasses.replace(VERIFIED, drafts=Drafts.LOOKUP))
     return pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, None, config, pad_to=pad_to)[2]
 
 

@@ -67,11 +67,12 @@ CONTEXT_KEEP = 0.5
 class ContextTrie:
     """Continuations of the `occurrences` latest earlier matches of the longest suffix (`min_match` ..
     `MAX_NGRAM` tokens) that recurs, `depth` tokens each (a match that runs into the end repeats with its
-    period, as chain lookup's)."""
+    period, as chain lookup's); a node scores its share of the matches times `keep` per token."""
 
     depth: int
     occurrences: int = 8
     min_match: int = 1
+    keep: float = CONTEXT_KEEP
 
     def init(self, batch: int, vocab: int) -> Any:
         return ()
@@ -97,7 +98,7 @@ class ContextTrie:
         # share[o, d]: occurrences whose first d + 1 tokens equal occurrence o's
         same = jnp.cumprod(cont[:, :, None, :] == cont[:, None, :, :], axis=-1) & found[:, None, :, None]
         share = same.sum(axis=2) / jnp.maximum(found.sum(axis=1), 1)[:, None, None]
-        scores = jnp.where(found[:, :, None] & (d < room_B[:, None, None]), share * CONTEXT_KEEP ** (d + 1), 0.0)
+        scores = jnp.where(found[:, :, None] & (d < room_B[:, None, None]), share * self.keep ** (d + 1), 0.0)
         occurrences = cont.shape[1]
         paths = jnp.broadcast_to(cont[:, :, None, :], (batch, occurrences, self.depth, self.depth))
         return Candidates(paths=paths.reshape(batch, -1, self.depth),

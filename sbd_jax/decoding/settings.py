@@ -15,6 +15,7 @@ from sbd_jax.decoding.base import (
     check_gamma,
     check_proxy,
     check_whole_number,
+    is_finite_number,
 )
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.sbd import SBDDecoder
@@ -46,6 +47,9 @@ class Settings:
     fallback_blocks: int = 0  # sbd / hybrid drafts: masked blocks after the first N places a draft can be
     # rejected, so a rejection still leaves drafts (pass (2 + N) k tokens; at most k - 1 used)
     draft_nodes: int = 16  # tree drafts: candidate nodes a pass (at most block_size - 1 deep)
+    # tree drafts: (pass width, seconds) measured here (`tree_width.measure_pass_costs`); each pass then runs the
+    # width with the most expected tokens per second. Empty: every pass runs 1 + draft_nodes.
+    pass_costs: tuple[tuple[int, float], ...] = ()
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
 
@@ -61,6 +65,13 @@ class Settings:
             raise UserError("fallback_blocks (--fallback-blocks) draft after a rejected draft: add verify "
                             "(--mode sbd --verify)")
         check_whole_number("draft_nodes", self.draft_nodes, 1)
+        if self.pass_costs and not self.drafts.is_tree:
+            raise UserError("pass_costs price the widths of tree drafts: use them with drafts "
+                            f"{', '.join(d.value for d in Drafts if d.is_tree)} (--drafts)")
+        for width, seconds in self.pass_costs:
+            check_whole_number("pass_costs width", width, 1)
+            if not is_finite_number(seconds) or seconds <= 0:
+                raise UserError(f"pass_costs seconds={seconds!r} must be a positive number")
         if self.drafts != Drafts.SBD and not self.verify:
             raise UserError(f"drafts {self.drafts.value!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")
@@ -96,7 +107,8 @@ class Settings:
             return NTPDecoder(config, **common)
         if self.verify and self.drafts.is_tree:
             return TreeVerifiedDecoder(config, source=self.drafts.tree_source(self.block_size - 1, self.lookup_min_match),
-                                       draft_nodes=self.draft_nodes, **common)
+                                       draft_nodes=self.draft_nodes, widths=tuple(w for w, _ in self.pass_costs),
+                                       costs=tuple(c for _, c in self.pass_costs), **common)
         if self.verify:
             return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts,
                                       lookup_min_match=self.lookup_min_match,

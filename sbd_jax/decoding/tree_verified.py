@@ -62,13 +62,15 @@ class TreeVerifiedDecoder(Decoder):
         if self.source is None:
             raise UserError("tree verification needs a draft source (sbd_jax.decoding.drafts)")
         check_whole_number("draft_nodes", self.draft_nodes, 1)
-        if self.costs and len(self.costs) != len(self.pass_widths):
-            raise UserError(f"costs ({len(self.costs)}) must give one time per width {self.pass_widths}")
+        if list(self.widths) != sorted(set(self.widths)) or not all(1 <= w <= 1 + self.draft_nodes for w in self.widths):
+            raise UserError(f"pass widths {self.widths} must be distinct, increasing and from 1 to 1 + draft_nodes")
+        if len(self.costs) != len(self.widths):
+            raise UserError(f"give one cost per pass width (widths {self.widths}, costs {self.costs})")
 
     @property
     def pass_widths(self) -> tuple[int, ...]:
-        """The widths compiled: the given ones up to 1 + draft_nodes, or that one alone."""
-        return tuple(sorted({min(w, 1 + self.draft_nodes) for w in self.widths} or {1 + self.draft_nodes}))
+        """The widths compiled: the given ones, or 1 + draft_nodes alone."""
+        return self.widths or (1 + self.draft_nodes,)
 
     @property
     def output_len(self) -> int:

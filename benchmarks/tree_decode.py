@@ -1,0 +1,152 @@
+"""Tree-verified decoding on the base SmolLM2 (no training, no mask token): tokens per forward and CPU speed
+against NTP, chain lookup and `transformers`' own prompt lookup, every output checked against NTP's.
+
+    python -m benchmarks.tree_decode --parts validation      # settings are chosen here, on validation prompts
+    python -m benchmarks.tree_decode --parts forwards        # test prompts and HumanEval: tokens per forward
+    python -m benchmarks.tree_decode --parts speed           # tokens/s against NTP in one run (batch 1 and 8)
+
+- validation: the recipe's first `--valid` validation prompts, 128 new tokens, greedy: chain lookup and each
+  tree source at several node counts (depth `--depth`), for choosing a source, a node count and the context
+  match's score (`sbd_jax.decoding.drafts.CONTEXT_KEEP`). Never the test prompts.
+- forwards: the 200 held-out test prompts and 164 HumanEval problems of `recipes/smollm2_sbd`, 256 new tokens:
+  tokens per forward, and outputs against the committed base NTP outputs (the same ones `lookup_decode` uses).
+- speed: decode tokens/s at batch 1 (`--batch1-prompts` test prompts, one at a time) and batch 8 (16 prompts):
+  NTP, chain lookup (block 8, shortest match 2: the chain's best at batch 1 on a CPU,
+  `benchmarks/results/lookup_decode_speed_run4_cpu.json`) and the tree at fixed widths and with the width rule
+  on costs measured here (`sbd_jax.decoding.tree_width`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from sbd_jax.evaluation.results import write_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PARTS = ("validation", "forwards", "speed")
+NODES = (4, 8, 16, 32, 64)
+
+
+def settings(drafts: str, depth: int, max_new_tokens: int, nodes: int = 16, min_match: int = 1, costs=()):
+    from sbd_jax.decoding.settings import Settings
+
+    return Settings(mode="sbd", verify=True, drafts=drafts, block_size=depth + 1, max_new_tokens=max_new_tokens,
+                    draft_nodes=nodes, lookup_min_match=min_match, pass_costs=costs)
+
+
+def candidates(depth: int, max_new_tokens: int, nodes=NODES, sources=("context-tree", "successors", "tree"),
+               chain: bool = True) -> list[tuple[str, object]]:
+    """(name, settings) of chain lookup and each tree source at each node count."""
+    rows = [("lookup chain", settings("lookup", depth, max_new_tokens))] if chain else []
+    for drafts in sources:
+        rows += [(f"{drafts} n={n}", settings(drafts, depth, max_new_tokens, n)) for n in nodes]
+    return rows
+
+
+def decode(model, s, prompts, batch):
+    from benchmarks.lookup_decode import decode_rows
+
+    return decode_rows(model, s, prompts, batch)
+
+
+def validation_rows(model, args) -> list[dict]:
+    from benchmarks.lookup_decode import summary
+    from benchmarks.lookup_rule import split_prompts
+
+    prompts = split_prompts(model.tokenizer, "valid", args.valid)
+    rows = []
+    for name, s in candidates(args.depth, 128, args.nodes, args.sources, chain=not args.no_chain):
+        results, _ = decode(model, s, prompts, args.batch)
+        rows.append({"decoder": name, "prompts": len(prompts), **summary(results)})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def forwards_rows(model, args, progress) -> list[dict]:
+    import json
+
+    from benchmarks.lookup_decode import summary
+    from benchmarks.lookup_rule import ENTRIES, ntp_outputs, split_prompts
+
+    entries = json.load(open(ENTRIES))
+    rows: list[dict] = []
+    for split in ("test", "humaneval"):
+        reference = ntp_outputs(entries, "base", split)[: args.prompts]
+        prompts = split_prompts(model.tokenizer, split, len(reference))
+        for name, s in candidates(args.depth, 256, args.nodes, args.sources, chain=not args.no_chain):
+            results, _ = decode(model, s, prompts, args.batch)
+            rows.append({"split": split, "decoder": name, "prompts": len(prompts), **summary(results),
+                         "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference))})
+            print(rows[-1], flush=True)
+            progress(rows)
+    return rows
+
+
+def speed_rows(model, args, progress) -> list[dict]:
+    from benchmarks.lookup_decode import summary
+    from benchmarks.lookup_rule import split_prompts
+    from sbd_jax.decoding.settings import Settings
+    from sbd_jax.decoding.tree_width import measure_pass_costs
+
+    test = split_prompts(model.tokenizer, "test", max(args.batch1_prompts, 16))
+    rows: list[dict] = []
+    for batch, n in ((1, args.batch1_prompts), (8, 16)):
+        costs = measure_pass_costs(model, test[:batch], batch, args.max_new_tokens, max(args.nodes))
+        deciders = [("ntp", Settings(max_new_tokens=args.max_new_tokens)),
+                    ("lookup chain k=8 min match 2", settings("lookup", 7, args.max_new_tokens, min_match=2))]
+        deciders += [(f"tree n={m}", settings("tree", args.depth, args.max_new_tokens, m)) for m in args.nodes]
+        deciders += [("tree, width rule", settings("tree", args.depth, args.max_new_tokens, max(args.nodes),
+                                                   costs=costs))]
+        ntp_outputs = None
+        for name, s in deciders:
+            decode(model, s, test[:batch], batch)  # compile and warm apart from the timed run
+            results, timing = decode(model, s, test[:n], batch)
+            ntp_outputs = ntp_outputs or [r.token_ids for r in results]
+            rows.append({"decoder": name, "batch": batch, "prompts": n, **summary(results, timing),
+                         "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, ntp_outputs)),
+                         **({"pass_costs": costs} if s.pass_costs else {})})
+            ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == "ntp")
+            rows[-1]["vs_ntp"] = rows[-1]["tokens_per_second"] / ntp["tokens_per_second"]
+            print(rows[-1], flush=True)
+            progress(rows)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=["forwards"])
+    parser.add_argument("--valid", type=int, default=48, help="validation: the first N validation prompts")
+    parser.add_argument("--prompts", type=int, default=200, help="forwards: the first N test / HumanEval prompts")
+    parser.add_argument("--depth", type=int, default=7, help="tree depth (the chain's block size - 1)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=list(NODES), help="node counts to measure")
+    parser.add_argument("--sources", nargs="+", default=["context-tree", "successors", "tree"])
+    parser.add_argument("--no-chain", action="store_true", help="leave out chain lookup (measured already)")
+    parser.add_argument("--batch", type=int, default=16, help="validation / forwards: rows a batch")
+    parser.add_argument("--batch1-prompts", type=int, default=40, help="speed: test prompts decoded at batch 1")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="speed: tokens a prompt")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/tree_decode_{part}_cpu.json")
+    args = parser.parse_args(argv)
+    from sbd_jax.api import load
+
+    model = load(args.model)
+    result: dict = {}
+    for part in args.parts:
+        out = args.out or os.path.join(ROOT, "benchmarks", "results", f"tree_decode_{part}_cpu.json")
+
+        def progress(rows: list[dict], part: str = part, out: str = out) -> None:
+            write_json(out, {"args": vars(args), part: rows})
+
+        rows = {"validation": lambda: validation_rows(model, args), "forwards": lambda: forwards_rows(model, args, progress),
+                "speed": lambda: speed_rows(model, args, progress)}[part]()
+        progress(rows)
+        result[part] = rows
+    return result
+
+
+if __name__ == "__main__":
+    from sbd_jax.cli import run_cli
+
+    run_cli(main, sys.argv[1:])
