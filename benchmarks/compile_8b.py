@@ -2,6 +2,8 @@
 
     python -m benchmarks.compile_8b [--config configs/llama3_8b.py] [--devices 8] [--micro-batch 8]
     python -m benchmarks.compile_8b --config configs/llama3_8b.py --devices 1 --micro-batch 1 --adapter-rank 16
+    python -m benchmarks.compile_8b --config configs/llama3_8b.py --devices 1 --micro-batch 1 --adapter-rank 16 \
+        --objective full_mask_share=1 soft_target=1 position_decay=4    # the shipped adapter's objective
 
 No weights are loaded: parameter and optimizer shapes come from `jax.eval_shape`. The memory figures
 are XLA's own accounting of the compiled executable for one device (arguments, outputs, temporaries),
@@ -21,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: int | None = None,
-                   adapter_rank: int = 0) -> dict:
+                   adapter_rank: int = 0, objective: dict | None = None) -> dict:
     import jax
 
     from sbd_jax.config_files import load_config_file
@@ -34,6 +36,8 @@ def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: in
     # memory is per micro-batch; accumulation only adds a grads-sized buffer
     cfg.train.batch_size, cfg.train.grad_accum = micro_batch, 1
     cfg.adapter.rank = adapter_rank
+    for key, value in (objective or {}).items():
+        cfg.objective[key] = value
     if devices == 1:
         cfg.mesh = (1, 1, 1)
     cfg = train_config(cfg, architecture)
@@ -52,6 +56,7 @@ def compile_report(config_path: str, devices: int, micro_batch: int, seq_len: in
     n_params = sum(x.size for x in jax.tree.leaves(params))
     return {"config": os.path.basename(config_path), "params_billion": n_params / 1e9, "devices": devices,
             "mesh": dict(mesh.shape), "micro_batch": micro_batch, "adapter_rank": adapter_rank,
+            "objective": objective or {},
             "trained_params_million": sum(x.size for x in jax.tree.leaves(args[0].params)) / 1e6, "seq_len": cfg.data.seq_len,
             "compile_seconds": seconds, "argument_gib": memory.argument_size_in_bytes / gib,
             "output_gib": memory.output_size_in_bytes / gib, "temp_gib": memory.temp_size_in_bytes / gib,
@@ -66,13 +71,16 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=None)
     parser.add_argument("--adapter-rank", type=int, default=0,
                         help="> 0: the gated adapter's step (base frozen, an input); results get an _adapter suffix")
+    parser.add_argument("--objective", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="objective options (objective.DraftTraining's); results get an _objective suffix")
     args = parser.parse_args()
+    objective = {key: float(value) for key, value in (item.split("=", 1) for item in args.objective)}
     os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={args.devices}")
     for path in args.config:
         report = compile_report(os.path.join(ROOT, path) if not os.path.isabs(path) else path, args.devices,
-                                args.micro_batch, args.seq_len, args.adapter_rank)
+                                args.micro_batch, args.seq_len, args.adapter_rank, objective)
         print(json.dumps(report), flush=True)
-        suffix = f"_adapter_{args.devices}dev" if args.adapter_rank else ""
+        suffix = (f"_adapter_{args.devices}dev" if args.adapter_rank else "") + ("_objective" if objective else "")
         out = os.path.join(ROOT, "benchmarks", "results", f"compile_8b_{os.path.basename(path)[:-3]}{suffix}.json")
         write_json(out, report)
 
