@@ -140,7 +140,8 @@ def reported_save_errors(manager: Any, workdir: str, step: int | None = None) ->
         while isinstance(cause.__cause__, Exception):
             cause = cause.__cause__
         try:  # what is on disk, whole (a step whose save failed may be listed)
-            finished = [s for s in manager.all_steps(read=True) if s != step]
+            manager.reload()
+            finished = [s for s in manager.all_steps() if s != step]
             resume_from = f"step {max(finished)}" if finished else "the start"
         except Exception:  # the same trouble (a lost mount)
             resume_from = "its newest whole checkpoint"
