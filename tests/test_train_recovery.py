@@ -178,3 +178,19 @@ def test_exported_weights_are_readable_like_the_rest_of_their_folder(tmp_path):
     finally:
         os.umask(old)
     assert {oct(os.stat(tmp_path / name).st_mode & 0o777) for name in ("adapter.safetensors", "adapter.json")} == {"0o644"}
+
+
+def test_an_hf_export_writes_its_weights_readable_like_its_config(tmp_path):
+    """Item 17 for `save_hf` (train.py's workdir/hf, `convert`): model.safetensors as readable as config.json."""
+    from sbd_jax.checkpoints.hf import save_hf
+    from sbd_jax.model.config import ModelConfig
+    from sbd_jax.model.transformer import init_params
+
+    cfg = ModelConfig(model_type="llama", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=8, max_position_embeddings=32)
+    old = os.umask(0o022)
+    try:
+        save_hf(str(tmp_path), cfg, init_params(cfg, seed=0))
+    finally:
+        os.umask(old)
+    assert {oct(os.stat(tmp_path / name).st_mode & 0o777) for name in ("model.safetensors", "config.json")} == {"0o644"}

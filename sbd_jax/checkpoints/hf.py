@@ -12,8 +12,8 @@ import jax
 import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.numpy import save_file
 
+from sbd_jax.checkpoints.files import save_safetensors
 from sbd_jax.checkpoints.hf_config import config_from_hf, config_to_hf
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import ModelConfig
@@ -225,7 +225,7 @@ def save_hf(path: str, cfg: ModelConfig, params: dict, tokenizer: Any = None,
                                if isinstance(array, jax.Array) else array)
             arrays[name] = np.ascontiguousarray(array.T if transposed else array)
         if writer:
-            save_file(arrays, os.path.join(path, file), metadata={"format": "pt"})
+            save_safetensors(arrays, os.path.join(path, file), metadata={"format": "pt"})
     if not writer:
         return
     if len(files) > 1:
