@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from sbd_jax.decoding.lookup import MAX_NGRAM
 from sbd_jax.decoding.tree import Candidates
+from sbd_jax.errors import UserError
 
 
 class Drafts(str, enum.Enum):
@@ -56,6 +57,36 @@ class Drafts(str, enum.Enum):
         context = ContextTrie(depth=depth, min_match=min_match)
         return {Drafts.CONTEXT_TREE: context, Drafts.SUCCESSORS: Successors(depth=depth),
                 Drafts.TREE: Mixed((context, Successors(depth=depth)))}[self]
+
+
+def draft_source(drafts: str) -> Drafts:
+    """The draft source named `drafts`; UserError for an unknown name (callable before any model is loaded)."""
+    try:
+        return Drafts(drafts)
+    except ValueError:
+        raise UserError(f"unknown draft source {drafts!r}: use one of {', '.join(d.value for d in Drafts)}") from None
+
+
+def check_lookup_min_match(min_match: int, drafts: Drafts) -> None:
+    """Raises UserError unless `min_match` is a match length lookup can find (1..MAX_NGRAM) and the drafts
+    search the context."""
+    if not isinstance(min_match, int) or isinstance(min_match, bool) or not 1 <= min_match <= MAX_NGRAM:
+        raise UserError(f"lookup_min_match={min_match!r} must be a whole number from 1 to {MAX_NGRAM} (the longest "
+                        "n-gram lookup searches)")
+    if min_match != 1 and not drafts.reads_context:
+        raise UserError("lookup_min_match (--lookup-min-match) sets when context matches draft: use it with drafts "
+                        f"that search the context ({', '.join(d.value for d in Drafts if d.reads_context)}; --drafts)")
+
+
+def check_fallback_blocks(fallback_blocks: int, drafts: Drafts) -> None:
+    """Raises UserError unless `fallback_blocks` is a whole number >= 0, and 0 unless the drafts come from SBD's
+    masked block."""
+    if not isinstance(fallback_blocks, int) or isinstance(fallback_blocks, bool) or fallback_blocks < 0:
+        raise UserError(f"fallback_blocks={fallback_blocks!r} must be a whole number >= 0 (masked blocks after "
+                        "each of the first N places a draft can be rejected)")
+    if fallback_blocks and not drafts.reads_masked_block:
+        raise UserError("fallback_blocks (--fallback-blocks) are masked blocks of SBD's drafts: use them with drafts "
+                        "'sbd' or 'hybrid' (--drafts), or drop them")
 
 
 # A context match's chance to be kept per token, before the share of matches that agree (one constant for

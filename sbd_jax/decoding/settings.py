@@ -17,15 +17,10 @@ from sbd_jax.decoding.base import (
     check_whole_number,
     is_finite_number,
 )
-from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.drafts import Drafts, check_fallback_blocks, check_lookup_min_match, draft_source
 from sbd_jax.decoding.sbd import SBDDecoder
 from sbd_jax.decoding.tree_verified import TreeVerifiedDecoder
-from sbd_jax.decoding.verified import (
-    VerifiedSBDDecoder,
-    check_fallback_blocks,
-    check_lookup_min_match,
-    draft_source,
-)
+from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
 
 MODES = ("ntp", "sbd")
