@@ -56,11 +56,15 @@ def run(model, prompts, max_new_tokens: int, eos_ids, lookup_tokens: int | None)
             with torch.no_grad():
                 out = model.generate(ids, attention_mask=torch.ones_like(ids), **options)
             seconds += time.perf_counter() - began
-            outputs.append(out[0, len(prompt):].tolist())
+            new = out[0, len(prompt):].tolist()
+            ends = [i for i, t in enumerate(new) if t in eos_ids]
+            outputs.append(new[: ends[0] + 1] if ends else new)  # up to and including the first EOS, as ours
     finally:
         hook.remove()
     tokens = sum(map(len, outputs))
-    forwards = calls["forwards"] - len(prompts)  # one prefill forward each
+    # Every forward counts: transformers' first one runs the prompt and emits the first token, as our NTP's first
+    # decoding forward (its prefill, not counted, caches the prompt but for the last token) does.
+    forwards = calls["forwards"]
     return {"tokens": tokens, "forwards": forwards, "tokens_per_forward": tokens / max(forwards, 1),
             "seconds": seconds, "tokens_per_second": tokens / seconds, "outputs": outputs}
 

@@ -121,6 +121,9 @@ def test_lookup_needs_no_mask_token_and_the_block_sources_say_so():
     (dict(mode="sbd", verify=True, drafts="tree", block_size=1), "form trees block_size - 1 deep"),
     (dict(mode="sbd", verify=True, drafts="successors", draft_nodes=0), r"draft_nodes=0 must be >= 1"),
     (dict(mode="sbd", verify=True, drafts="successors", fallback_blocks=1), "use them with drafts 'sbd' or 'hybrid'"),
+    (dict(mode="sbd", verify=True, drafts="lookup", draft_nodes=8), "sizes the trees of tree drafts"),
+    (dict(mode="sbd", verify=True, drafts="tree", draft_nodes=4, pass_costs=((1, 0.1), (8, 0.2))),
+     r"pass widths \(1, 8\) must be distinct, increasing and from 1 to 1 \+ draft_nodes"),
 ])
 def test_settings_refuse_bad_values_when_made(options, message):
     with pytest.raises(UserError, match=message):
@@ -132,7 +135,8 @@ def test_settings_as_ntp_keep_length_and_sampling_and_drop_every_draft_option(dr
     # --block-size auto that picks NTP decodes these (it kept the draft options, which NTP refuses: issue 57)
     verified = Settings(mode="sbd", verify=True, drafts=drafts, block_size=8, max_new_tokens=40, temperature=0.5,
                         top_p=0.9, lookup_min_match=1 if drafts == "sbd" else 2,
-                        fallback_blocks=3 if drafts in ("sbd", "hybrid") else 0, draft_nodes=4)
+                        fallback_blocks=3 if drafts in ("sbd", "hybrid") else 0,
+                        draft_nodes=4 if drafts == "tree" else 16)
     assert verified.as_ntp() == Settings(max_new_tokens=40, temperature=0.5, top_p=0.9)
 
 

@@ -166,3 +166,28 @@ def test_the_distribution_test_rejects_a_walk_without_the_target():
                                        source=Successors(depth=2, beam=3), draft_nodes=4)
     counts, _ = sampling.sampled_joint(decoder, seed=5)
     assert sampling.chi_square_p(counts, sampling.ntp_joint(1.0, 1.0)) < 1e-6
+
+
+def test_context_trie_scores_each_node_by_the_share_of_matches_through_it():
+    # the suffix [1] recurs at 0, 2 and 4 ([5, 1] does not): continuations 2 1, 3 1, 2 5
+    history = jnp.asarray([[1, 2, 1, 3, 1, 2, 5, 1, 0]])
+    c = ContextTrie(depth=2, occurrences=4, keep=1.0).candidates((), history, jnp.asarray([8]), jnp.asarray([9]))
+    got = {tuple(np.asarray(c.paths)[0, i, :d].tolist()): float(np.asarray(c.scores)[0, i])
+           for i, d in enumerate(np.asarray(c.depths)[0]) if np.asarray(c.scores)[0, i] > 0}
+    third = pytest.approx(1 / 3)
+    assert got == {(2,): pytest.approx(2 / 3), (3,): third, (2, 1): third, (3, 1): third, (2, 5): third}
+
+
+def test_successors_keep_the_latest_top_tokens_of_present_pass_tokens_only():
+    source = Successors(depth=2)
+    state = source.init(1, 16)
+    top = jnp.arange(2 * 8).reshape(1, 2, 8) % 16
+    state = source.observe(state, jnp.asarray([[3, 5]]), jnp.asarray([[True, False]]), top,
+                           jnp.full((1, 2, 8), 0.1))
+    assert np.asarray(state[0])[3].tolist() == list(range(8)) and not np.asarray(state[0])[5].any()
+
+
+def test_a_node_whose_parent_is_absent_is_absent_too():
+    # a caller that scores a child above its parent: [5, 6] ranks first with its parent [5] cut off
+    t = trees.build_tree(candidates([[5], [5, 6]], [0.4, 0.5]), 1)
+    assert not np.asarray(t.present).any()

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from sbd_jax.decoding.lookup import MAX_NGRAM
+from sbd_jax.decoding.lookup import MAX_NGRAM, continuation, match_ends
 from sbd_jax.decoding.tree import Candidates
 from sbd_jax.errors import UserError
 
@@ -89,6 +89,7 @@ def check_fallback_blocks(fallback_blocks: int, drafts: Drafts) -> None:
                         "'sbd' or 'hybrid' (--drafts), or drop them")
 
 
+SUCCESSORS_KEPT = 8  # successors harvested per pass token (Token Recycling keeps 8)
 # A context match's chance to be kept per token, before the share of matches that agree (one constant for
 # every depth; chosen by hand, to be fitted on validation prompts: `benchmarks/tree_decode.py`).
 CONTEXT_KEEP = 0.5
@@ -110,22 +111,11 @@ class ContextTrie:
 
     def candidates(self, state: Any, history_BW: jax.Array, length_B: jax.Array, room_B: jax.Array) -> Candidates:
         batch, width = history_BW.shape
-        index = jnp.arange(width)
-        last = length_B[:, None] - 1
-        matches = jnp.ones((batch, width), bool)
-        ends = jnp.zeros((batch, width), bool)
-        for m in range(MAX_NGRAM):  # ends of the longest recurring suffix replace the shorter ones'
-            suffix_token = jnp.take_along_axis(history_BW, jnp.maximum(last - m, 0), axis=1)
-            matches = matches & (jnp.roll(history_BW, m, axis=1) == suffix_token) & (index >= m) & (last - m >= 0)
-            earlier = matches & (index < last)
-            if m + 1 >= self.min_match:
-                ends = jnp.where(earlier.any(axis=1, keepdims=True), earlier, ends)
-        end, _ = jax.lax.top_k(jnp.where(ends, index, -1), self.occurrences)  # [B, O] latest first
+        ends = match_ends(history_BW, length_B, min_match=self.min_match)
+        end, _ = jax.lax.top_k(jnp.where(ends, jnp.arange(width), -1), self.occurrences)  # [B, O] latest first
         found = end >= 0
-        period = jnp.maximum(length_B[:, None] - 1 - end, 1)
         d = jnp.arange(self.depth)
-        taken = jnp.clip(end[:, :, None] + 1 + d % period[:, :, None], 0, width - 1)
-        cont = jnp.take_along_axis(history_BW[:, None, :], taken, axis=2)  # [B, O, D]
+        cont = continuation(history_BW, end, length_B, self.depth)  # [B, O, D]
         # share[o, d]: occurrences whose first d + 1 tokens equal occurrence o's
         same = jnp.cumprod(cont[:, :, None, :] == cont[:, None, :, :], axis=-1) & found[:, None, :, None]
         share = same.sum(axis=2) / jnp.maximum(found.sum(axis=1), 1)[:, None, None]
@@ -143,15 +133,14 @@ class ContextTrie:
 
 @dataclasses.dataclass(frozen=True)
 class Successors:
-    """The model's `top_k` successors of every token id it has run (a `[vocab, top_k]` table shared by the
+    """The model's `SUCCESSORS_KEPT` most likely successors of every token id it has run (a table shared by the
     batch), expanded from the root `depth` deep keeping the `beam` best nodes per depth."""
 
     depth: int
     beam: int = 16
-    top_k: int = 8
 
     def init(self, batch: int, vocab: int) -> Any:
-        return (jnp.zeros((vocab, self.top_k), jnp.int32), jnp.zeros((vocab, self.top_k), jnp.float32))
+        return (jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.int32), jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.float32))
 
     def candidates(self, state: Any, history_BW: jax.Array, length_B: jax.Array, room_B: jax.Array) -> Candidates:
         table_tokens, table_probs = state
@@ -175,7 +164,9 @@ class Successors:
 
     def observe(self, state: Any, pass_tokens_BT: jax.Array, present_BT: jax.Array, top_tokens_BTK: jax.Array,
                 top_probs_BTK: jax.Array) -> Any:
-        """Every present pass token's successors become its row of the table (the latest pass wins)."""
+        """Every present pass token's successors become its row of the table (the latest pass wins; where one
+        pass runs a token id twice, which of its rows is kept is up to the scatter, so on a GPU the drafts, never
+        the output, may differ between runs)."""
         table_tokens, table_probs = state
         ids = jnp.where(present_BT, pass_tokens_BT, table_tokens.shape[0]).reshape(-1)  # absent: dropped
         return (table_tokens.at[ids].set(top_tokens_BTK.reshape(ids.shape[0], -1), mode="drop"),

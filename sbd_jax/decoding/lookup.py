@@ -27,42 +27,61 @@ LATEST = True  # the occurrence nearest the end  } (see the module docstring)
 EXTEND = True  # periodic extension             }
 
 
+def match_ends(history_BW: jax.Array, length_B: jax.Array, max_ngram: int = MAX_NGRAM,
+               min_match: int = 1) -> jax.Array:
+    """`[B, W]`: where an earlier occurrence of the longest suffix of `history[b, :length[b]]` that recurs
+    (`min_match`..`max_ngram` tokens) ends; all False where none does. An occurrence must end before the last
+    token, so at least one token follows it."""
+    batch, width = history_BW.shape
+    index = jnp.arange(width)
+    last = length_B[:, None] - 1  # [B, 1] position of the newest token
+    # matches[b, i] after m + 1 rounds: history[i - m .. i] equals the suffix's last m + 1 tokens
+    matches = jnp.ones((batch, width), bool)
+    ends = jnp.zeros((batch, width), bool)
+    for m in range(max_ngram):
+        suffix_token = jnp.take_along_axis(history_BW, jnp.maximum(last - m, 0), axis=1)
+        shifted = jnp.roll(history_BW, m, axis=1)  # shifted[i] = history[i - m]
+        matches = matches & (shifted == suffix_token) & (index >= m) & (last - m >= 0)
+        earlier = matches & (index < last)
+        if m + 1 >= min_match:  # a longer n-gram's matches replace a shorter one's
+            ends = jnp.where(earlier.any(axis=1, keepdims=True), earlier, ends)
+    return ends
+
+
+def continuation(history_BW: jax.Array, end_BO: jax.Array, length_B: jax.Array, num_tokens: int,
+                 extend: bool = EXTEND) -> jax.Array:
+    """`[B, O, num_tokens]`: the tokens after each match end (`end_BO` >= 0). `extend`: a match P tokens back
+    whose continuation runs into the end of the history is read as a repeat with period P (token m is
+    history[end + 1 + m % P])."""
+    period = jnp.maximum(length_B[:, None] - 1 - end_BO, 1)
+    j = jnp.arange(num_tokens)
+    offset = j % period[..., None] if extend else jnp.broadcast_to(j, end_BO.shape + (num_tokens,))
+    taken = jnp.clip(end_BO[..., None] + 1 + offset, 0, history_BW.shape[1] - 1)
+    return jnp.take_along_axis(history_BW[:, None, :], taken, axis=2)
+
+
 def lookup_drafts(history_BW: jax.Array, length_B: jax.Array, num_drafts: int, max_ngram: int = MAX_NGRAM,
                   latest: bool = LATEST, extend: bool = EXTEND, min_match: int = 1) -> tuple[jax.Array, jax.Array]:
     """Drafts for the token after each row's `history[b, :length[b]]`.
 
     Returns `[B, num_drafts]` proposed tokens (0 past the count) and `[B]` how many are real: the tokens
-    that followed the chosen earlier occurrence of the history's last n tokens, as many as the history
-    holds after it, at most `num_drafts`; 0 where no n-gram of length `min_match`..`max_ngram` recurs. The match must
-    end before the last token (an occurrence is *earlier*), so at least one token follows it.
-    `latest` picks the occurrence nearest the end, else the first one. `extend`: a match P tokens back
-    whose continuation runs out before `num_drafts` (it reaches the end of the history) is read as a
-    repeat with period P, so the continuation goes on with itself (draft m = history[last + 1 - P + m % P]).
+    that followed the chosen earlier occurrence of the history's longest recurring suffix (`match_ends`), as
+    many as the history holds after it, at most `num_drafts` (with `extend`, as many as asked: `continuation`);
+    0 where no n-gram of length `min_match`..`max_ngram` recurs. `latest` picks the occurrence nearest the end,
+    else the first one.
     """
-    batch, width = history_BW.shape
+    width = history_BW.shape[1]
     index = jnp.arange(width)
-    last = length_B[:, None] - 1  # [B, 1] position of the newest token
-    # eq[m][b, i]: history[i - m] == history[last - m], the m-th token of an n-gram ending at i
-    matches = jnp.ones((batch, width), bool)
-    best_end = jnp.full((batch,), -1)
-    for m in range(max_ngram):
-        suffix_token = jnp.take_along_axis(history_BW, jnp.maximum(last - m, 0), axis=1)
-        shifted = jnp.roll(history_BW, m, axis=1)  # shifted[i] = history[i - m]
-        matches = matches & (shifted == suffix_token) & (index >= m) & (last - m >= 0)
-        ends = matches & (index < last)  # strictly earlier than the suffix itself
-        if latest:
-            end = jnp.where(ends, index, -1).max(axis=1)
-        else:
-            end = jnp.where(ends.any(axis=1), jnp.where(ends, index, width).min(axis=1), -1)
-        if m + 1 >= min_match:
-            best_end = jnp.where(end >= 0, end, best_end)  # a longer n-gram's match replaces a shorter one's
+    ends = match_ends(history_BW, length_B, max_ngram, min_match)
+    if latest:
+        best_end = jnp.where(ends, index, -1).max(axis=1)
+    else:
+        best_end = jnp.where(ends.any(axis=1), jnp.where(ends, index, width).min(axis=1), -1)
     found = best_end >= 0
     period = length_B - 1 - best_end  # tokens from the match's end to the last one: all of its continuation
     count = jnp.where(found, num_drafts if extend else jnp.minimum(num_drafts, period), 0)
-    j = jnp.arange(num_drafts)
-    offset = j % jnp.maximum(period, 1)[:, None] if extend else j
-    taken = jnp.clip(best_end[:, None] + 1 + offset, 0, width - 1)
-    drafts = jnp.where(jnp.arange(num_drafts) < count[:, None], jnp.take_along_axis(history_BW, taken, axis=1), 0)
+    tokens = continuation(history_BW, best_end[:, None], length_B, num_drafts, extend)[:, 0]
+    drafts = jnp.where(jnp.arange(num_drafts) < count[:, None], tokens, 0)
     return drafts.astype(jnp.int32), count.astype(jnp.int32)
 
 

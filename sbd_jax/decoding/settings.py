@@ -19,7 +19,7 @@ from sbd_jax.decoding.base import (
 )
 from sbd_jax.decoding.drafts import Drafts, check_fallback_blocks, check_lookup_min_match, draft_source
 from sbd_jax.decoding.sbd import SBDDecoder
-from sbd_jax.decoding.tree_verified import TreeVerifiedDecoder
+from sbd_jax.decoding.tree_verified import DEFAULT_DRAFT_NODES, TreeVerifiedDecoder, check_pass_widths
 from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
 
@@ -41,7 +41,7 @@ class Settings:
     lookup_min_match: int = 1  # lookup / hybrid: the shortest n-gram match that proposes drafts (1-4)
     fallback_blocks: int = 0  # sbd / hybrid drafts: masked blocks after the first N places a draft can be
     # rejected, so a rejection still leaves drafts (pass (2 + N) k tokens; at most k - 1 used)
-    draft_nodes: int = 16  # tree drafts: candidate nodes a pass (at most block_size - 1 deep)
+    draft_nodes: int = DEFAULT_DRAFT_NODES  # tree drafts: candidate nodes a pass (at most block_size - 1 deep)
     # tree drafts: (pass width, seconds) measured here (`tree_width.measure_pass_costs`); each pass then runs the
     # width with the most expected tokens per second. Empty: every pass runs 1 + draft_nodes.
     pass_costs: tuple[tuple[int, float], ...] = ()
@@ -60,6 +60,9 @@ class Settings:
             raise UserError("fallback_blocks (--fallback-blocks) draft after a rejected draft: add verify "
                             "(--mode sbd --verify)")
         check_whole_number("draft_nodes", self.draft_nodes, 1)
+        if self.draft_nodes != DEFAULT_DRAFT_NODES and not self.drafts.is_tree:
+            raise UserError("draft_nodes (--draft-nodes) sizes the trees of tree drafts: use it with drafts "
+                            f"{', '.join(d.value for d in Drafts if d.is_tree)} (--drafts)")
         if self.pass_costs and not self.drafts.is_tree:
             raise UserError("pass_costs price the widths of tree drafts: use them with drafts "
                             f"{', '.join(d.value for d in Drafts if d.is_tree)} (--drafts)")
@@ -67,6 +70,7 @@ class Settings:
             check_whole_number("pass_costs width", width, 1)
             if not is_finite_number(seconds) or seconds <= 0:
                 raise UserError(f"pass_costs seconds={seconds!r} must be a positive number")
+        check_pass_widths(tuple(w for w, _ in self.pass_costs), self.draft_nodes)
         if self.drafts != Drafts.SBD and not self.verify:
             raise UserError(f"drafts {self.drafts.value!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")

@@ -78,9 +78,11 @@ def build_tree(candidates: Candidates, num_nodes: int) -> Tree:
     is_parent = (jnp.all(parent_prefix[:, :, None] == chosen_prefix[:, None, :], axis=-1)
                  & (chosen_depth[:, None, :] == chosen_depth[:, :, None] - 1) & (chosen_score[:, None, :] > 0))
     found = jnp.any(is_parent, axis=-1) | (chosen_depth == 1)
-    present = (chosen_score > 0) & found
     token = jnp.take_along_axis(chosen_prefix, jnp.maximum(chosen_depth - 1, 0)[..., None], axis=-1)[..., 0]
     parent = jnp.where(chosen_depth > 1, jnp.argmax(is_parent, axis=-1) + 1, 0)
+    present = (chosen_score > 0) & found
+    for _ in range(max_depth - 1):  # a node whose parent is absent (a caller that broke the score rule) is too
+        present = present & jnp.take_along_axis(jnp.pad(present, ((0, 0), (1, 0)), constant_values=True), parent, 1)
     return Tree(tokens=jnp.where(present, token, 0).astype(jnp.int32),
                 parents=jnp.where(present, parent, 0).astype(jnp.int32),
                 depths=jnp.where(present, chosen_depth, 1).astype(jnp.int32),

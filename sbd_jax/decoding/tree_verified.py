@@ -14,12 +14,20 @@ from flax import struct
 
 from sbd_jax.decoding import tree as trees
 from sbd_jax.decoding.base import DecodeOutput, Decoder, TracedSettings, check_whole_number, kept_through_eos
+from sbd_jax.decoding.drafts import SUCCESSORS_KEPT
 from sbd_jax.decoding.token_choice import draw, sampling_logits, without_token
 from sbd_jax.errors import UserError
 from sbd_jax.model.kv_cache import KVCache, append
 from sbd_jax.model.transformer import NewKV, Transformer, forward
 
-SUCCESSORS_KEPT = 8  # top-k successors harvested per pass position (Token Recycling keeps 8)
+DEFAULT_DRAFT_NODES = 16
+
+
+def check_pass_widths(widths: tuple[int, ...], draft_nodes: int) -> None:
+    """Raises UserError unless the pass widths are distinct, increasing and from 1 to 1 + `draft_nodes`."""
+    if list(widths) != sorted(set(widths)) or not all(1 <= w <= 1 + draft_nodes for w in widths):
+        raise UserError(f"pass widths {tuple(widths)} must be distinct, increasing and from 1 to 1 + draft_nodes "
+                        f"({1 + draft_nodes})")
 
 
 class _TreeState(struct.PyTreeNode):
@@ -48,7 +56,7 @@ class TreeVerifiedDecoder(Decoder):
     runs the root alone, as NTP's step."""
 
     source: Any = None
-    draft_nodes: int = 16
+    draft_nodes: int = DEFAULT_DRAFT_NODES
     widths: tuple[int, ...] = ()
     costs: tuple[float, ...] = ()
 
@@ -62,8 +70,7 @@ class TreeVerifiedDecoder(Decoder):
         if self.source is None:
             raise UserError("tree verification needs a draft source (sbd_jax.decoding.drafts)")
         check_whole_number("draft_nodes", self.draft_nodes, 1)
-        if list(self.widths) != sorted(set(self.widths)) or not all(1 <= w <= 1 + self.draft_nodes for w in self.widths):
-            raise UserError(f"pass widths {self.widths} must be distinct, increasing and from 1 to 1 + draft_nodes")
+        check_pass_widths(self.widths, self.draft_nodes)
         if len(self.costs) != len(self.widths):
             raise UserError(f"give one cost per pass width (widths {self.widths}, costs {self.costs})")
 
@@ -130,8 +137,7 @@ class TreeVerifiedDecoder(Decoder):
             live = ~s.done
             length = prompt_lens_B + s.count
             room = jnp.where(live, self.max_new_tokens - s.count - 1, 0)  # candidates that could still be emitted
-            tree = trees.build_tree(self.source.candidates(s.source, s.history, length, room), nodes)
-            tree = tree.replace(scores=jnp.where(live[:, None], tree.scores, 0.0))
+            tree = trees.build_tree(self.source.candidates(s.source, s.history, length, room), nodes)  # none when done
             choice = self.widest_worth(tree, live)
             kept_nodes = jnp.asarray(self.pass_widths)[choice] - 1
             tree = tree.replace(scores=jnp.where(jnp.arange(nodes) < kept_nodes, tree.scores, 0.0))
@@ -157,7 +163,7 @@ class TreeVerifiedDecoder(Decoder):
                     jnp.stack([w.emitted, jnp.broadcast_to(nfe[:, None], w.emitted.shape), corrected], axis=-1),
                     mode="drop"),
                 nfe=nfe, count=count, done=s.done | ended | (count >= self.max_new_tokens),
-                drafted=s.drafted + jnp.where(live, tree.present.sum(axis=1), 0),
+                drafted=s.drafted + tree.present.sum(axis=1),
                 accepted=s.accepted + jnp.where(live, jnp.minimum(w.accepted, kept), 0),
                 narrow_passes=s.narrow_passes + (live & (kept_nodes == 0)))
 
