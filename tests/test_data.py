@@ -100,3 +100,14 @@ def test_chat_loss_covers_assistant_turns_up_to_their_eos_not_the_template_after
     assert turn == 6 and doc.ids[turn - 2] == tok.eos_token_id  # 'u=a1', EOS, newline
     # No loss on user turns; an assistant turn's 'a=b2' and EOS carry loss, its newline does not.
     assert doc.loss_mask == ([False] * 6 + [True] * 5 + [False]) * 2
+
+
+def test_a_record_with_both_text_and_messages_is_refused_naming_its_line():
+    import pytest
+
+    from sbd_jax.data.packing import checked_record
+    from sbd_jax.errors import UserError
+
+    record = {"text": "a", "messages": [{"role": "user", "content": "b"}]}
+    with pytest.raises(UserError, match=r"f.jsonl:3: the record has both text and messages: keep one of them"):
+        checked_record(record, "f.jsonl:3")

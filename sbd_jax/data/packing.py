@@ -101,6 +101,10 @@ def checked_record(record: Any, where: str) -> dict[str, Any]:
     if not (ok_text or ok_chat or ok_completion):
         raise UserError(f'{where}: expected {{"text": "..."}}, {{"messages": [{{"role": ..., '
                         f'"content": ...}}, ...]}} or {{"prompt": "...", "completion": "..."}} (both non-empty)')
+    if ok_text + ok_chat + ok_completion > 1:  # which one to train on would be a silent guess
+        shapes = [name for name, ok in (("text", ok_text), ("messages", ok_chat), ("prompt + completion",
+                                                                                  ok_completion)) if ok]
+        raise UserError(f"{where}: the record has both {' and '.join(shapes)}: keep one of them")
     return record
 
 
