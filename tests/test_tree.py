@@ -85,9 +85,9 @@ def test_greedy_tree_decoding_is_ntp_alone_and_in_a_batch(name, nodes, widths, c
     expected = ntp_outputs(PROMPTS, 24)
     decoder = tree_decoder(SOURCES[name], nodes, widths, costs)
     batched = generate(decoder, params(), PROMPTS)[0]
-    alone = [generate(decoder, params(), [p])[0][0] for p in PROMPTS[:2]]
     assert [g.token_ids for g in batched] == expected
-    assert [g.token_ids for g in alone] == expected[:2]
+    if nodes == 6:  # alone too (one width setting: each call compiles)
+        assert [generate(decoder, params(), [p])[0][0].token_ids for p in PROMPTS[:2]] == expected[:2]
     assert all(g.nfe <= len(g.token_ids) for g in batched)
     if nodes > 1 and not costs:  # with costs the rule may rightly run the root alone (these drafts are poor)
         assert sum(g.accepted for g in batched) > 0  # the trees were used, not only the root
