@@ -106,7 +106,7 @@ class TreeVerifiedDecoder(Decoder):
         widths = self.pass_widths
         if not self.costs:
             return jnp.int32(len(widths) - 1)
-        kept = jnp.cumsum(jnp.where(live_B[:, None], tree.scores, 0.0), axis=1).sum(axis=0)  # [N]: first n+1 nodes
+        kept = jnp.cumsum(tree.scores, axis=1).sum(axis=0)  # [N]: first n + 1 nodes (a finished row has none)
         expected = jnp.stack([live_B.sum() + (kept[w - 2] if w > 1 else 0.0) for w in widths])
         return jnp.argmax(expected / jnp.asarray(self.costs)).astype(jnp.int32)
 
