@@ -1,6 +1,6 @@
 """SBD fine-tuning: the run (model, data, sharded state) and its loop. The step itself is in
-`train_step.py`, the checkpoints (state + data iterator) in `train_checkpoints.py`, the logs in
-`train_log.py`, the typed config in `train_config.py`.
+`step.py`, the checkpoints (state + data iterator) in `checkpoints.py`, the logs in `log.py`, the typed
+config in `config.py`.
 
 The same code runs on one CPU, one GPU or a `(data, fsdp, tensor)` mesh of many devices and hosts.
 A run is a pure function of (config, step): the noise key is `fold_in(seed, step)`, the block size
