@@ -69,8 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "on a CPU, about the same on a GPU at small batch: benchmarks/tree_decode.py measures both)")
     p.add_argument("--lookup-min-match", type=int, default=1, metavar="N",
                    help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
-                   "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs 1.6-2.1 a "
-                   "1-token one (benchmarks/lookup_decode.py); 1 (most tokens per forward) on GPUs")
+                   "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs more than a 1-token "
+                   "one (benchmarks/results/lookup_decode_speed_run4_cpu.json); 1 (most tokens per forward) on GPUs")
     p.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
                    help="sbd / hybrid drafts: N more masked blocks in each pass, one after each of the first N places "
                    "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "

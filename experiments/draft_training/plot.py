@@ -9,7 +9,7 @@ Right: the chance draft 1 is right (block 8, teacher-forced).
 The dashed line is verified decoding with prompt-lookup drafts (no training) on the same 24 validation
 prompts, from `benchmarks/results/hybrid_rule_cpu.json` (measured with the recipe's gated adapter, whose NTP
 outputs are the base model's; lookup reads only the model's own NTP output, which every full fine-tune barely
-moves: 1.59 on the paper arm's last model).
+moves: the paper arm's last model is in `results.json`).
 """
 
 from __future__ import annotations

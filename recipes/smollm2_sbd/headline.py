@@ -5,10 +5,10 @@ validation or test prompts, or HumanEval).
     python -m recipes.smollm2_sbd.headline --tuned runs/a/train/adapter --data runs/a/data \\
         --cache recipes/smollm2_sbd/results/cpu_adapter/entries.json --block-size 8 --split test
 
-The full evaluation (`eval.py`) measures these rows too, on HumanEval as well, with every γ and block; on a
-2-core CPU it takes about ten hours. These rows take about 40 minutes at block 8 on the 200 test prompts, and
-they are cached in the same `entries.json` (same keys): the full evaluation reuses them. Every row is compared
-with the *base* model's NTP outputs: a verified row of a gated adapter must equal them exactly (its NTP is
+The full evaluation (`eval.py`) measures these rows too, on HumanEval as well, with every γ and block, and
+takes many times longer (each run's `results.md` records its stages' times). These rows are cached in the
+same `entries.json` (same keys): the full evaluation reuses them. Every row is compared with the *base*
+model's NTP outputs: a verified row of a gated adapter must equal them exactly (its NTP is
 the base's); a full fine-tune's verified rows equal its own NTP, which is computed too, as `tuned, NTP`.
 Writes `headline_SPLIT.json` beside the cache.
 """

@@ -21,7 +21,7 @@ from sbd_jax.errors import UserError
 
 
 class Document(NamedTuple):
-    """A tokenized record: lists, or 1-D arrays (the stream packs arrays; lists of Python ints cost 4x more)."""
+    """A tokenized record: lists, or 1-D arrays (the stream packs arrays; lists of Python ints take several times the memory)."""
 
     ids: Sequence[int]
     loss_mask: Sequence[bool]

@@ -240,9 +240,9 @@ def _after_cache_reads(x_BTD: jax.Array, k_new: jax.Array, v_new: jax.Array) -> 
 
     The caller writes them into the cache in place (`kv_cache.append`). A layer's K/V are ready before
     the later layers read their cache slices, so without this dependency XLA cannot order the write after
-    those reads and copies the whole cache on every decoding step (NTP on SmolLM2 on a 2-core CPU: 52 ms
-    a step at 4,096 cached tokens instead of 36; `benchmarks/long_context.py`). XLA keeps `x * 0` (it is
-    NaN for x = inf), and a row whose hidden state is not finite has non-finite logits already.
+    those reads and copies the whole cache on every decoding step, a step that then grows with the cache
+    (`benchmarks/long_context.py`; its results: `benchmarks/results/long_context_cpu.json`). XLA keeps
+    `x * 0` (it is NaN for x = inf), and a row whose hidden state is not finite has non-finite logits already.
     """
     zero = (x_BTD.sum(axis=(1, 2)) * 0).astype(k_new.dtype)[None, :, None, None, None]
     return k_new + zero, v_new + zero
