@@ -1,5 +1,5 @@
-"""Compiles of the SBD train step for block sizes 2..16: one per size (the trainer before 2026-12-01)
-against one traced-size step (the trainer now), counted and timed in one run.
+"""Compiles of the SBD train step for block sizes 2..16: one per size (a block size as a static argument)
+against one step that takes the block size as a traced argument (the trainer's), counted and timed in one run.
 
     python -m benchmarks.compile_count [--shape tiny|smollm2] [--batch 8] [--seq-len 128]
 

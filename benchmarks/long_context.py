@@ -3,9 +3,8 @@ one step of the compiled decoding loop against the bare model forward of the sam
 
     python -m benchmarks.long_context [--capacities 256 1024 4096] [--block-size 8]
 
-A step that copies the KV cache shows here as a ratio that grows with the cache: before the cache was
-written in place (commit 9c2af86), NTP on SmolLM2 on the 2-core CPU gave 1.04 / 1.13 / 1.29 at 256 / 1,024 /
-4,096 slots, and its step at 4,096 took 52.0 ms (37.6 ms after, same run).
+A step that copies the KV cache shows here as a ratio that grows with the cache (what it measured:
+benchmarks/results/long_context.md).
 Rows: NTP (one token a step) and verified SBD (a 2k-token pass a step; SmolLM2's mask token is
 untrained, which changes no timing). The cache is filled to `capacity - steps` tokens before the loop, so
 the bare forward is timed with the cache half way through the steps. Writes
