@@ -26,7 +26,9 @@ from sbd_jax.decoding.base import DEFAULT_GAMMA, check_whole_number
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.generate import BatchTiming, batch_seed, check_seed
 from sbd_jax.decoding.settings import MODES
+from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.errors import PromptError, UserError
+from sbd_jax.model.config import RUN_DTYPES, DType
 
 _COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
 _CORRECTED = "7"  # reverse video: a verified run's correction of a rejected draft
@@ -50,8 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="SBD: tokens per block; with --verify also 'auto': time blocks 4 / 8 / 16 on this machine "
                    "at this batch (greedy verified decoding of the first 64 tokens of each prompt, then bare "
                    "forwards) and use the fastest predicted, or NTP where none is predicted to beat it")
-    p.add_argument("--proxy", default="entropy",
-                   help="SBD: uncertainty score: entropy, confidence or margin (left_to_right: a diagnostic order)")
+    p.add_argument("--proxy", default=Proxy.ENTROPY,
+                   help=f"SBD: uncertainty score, one of {', '.join(Proxy)} ({Proxy.LEFT_TO_RIGHT}: a diagnostic order)")
     p.add_argument("--verify", action="store_true",
                    help="SBD: verify every drafted block with the causal pass that commits it, so the output "
                    "is exactly greedy NTP's (with --temperature: drawn exactly from NTP's distribution); "
@@ -86,7 +88,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-cache-len", type=int, default=None,
                    help="KV cache slots per row (default: the model's context length)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype")
+    p.add_argument("--dtype", choices=RUN_DTYPES, default=DType.FLOAT32, help="compute dtype")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     p.add_argument("--show-passes", action="store_true", help="colour each token by the pass that revealed it")
     return p.parse_args(argv)

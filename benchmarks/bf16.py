@@ -24,10 +24,9 @@ import time
 
 from benchmarks import save_result
 from sbd_jax.evaluation.scoring import first_difference
+from sbd_jax.model.config import RUN_DTYPES, DType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-DTYPES = ("float32", "bfloat16")
 
 
 def train_part(steps: int) -> dict:
@@ -37,7 +36,7 @@ def train_part(steps: int) -> dict:
     from sbd_jax.training.trainer import Trainer
 
     curves = {}
-    for dtype in DTYPES:
+    for dtype in RUN_DTYPES:
         cfg = get_config()
         cfg.model.dtype = dtype
         cfg.train.steps, cfg.checkpoint.every, cfg.data.workers, cfg.export_hf = steps, steps, 0, False
@@ -55,9 +54,9 @@ def train_part(steps: int) -> dict:
     def mean(xs):
         return sum(xs) / len(xs)
 
-    gap = {name: {"max_abs": max(abs(a - b) for a, b in zip(curves["float32"][name], curves["bfloat16"][name])),
-                  "last_tenth_float32": mean(curves["float32"][name][-tail:]),
-                  "last_tenth_bfloat16": mean(curves["bfloat16"][name][-tail:])}
+    f32, bf16 = curves[DType.FLOAT32], curves[DType.BFLOAT16]
+    gap = {name: {"max_abs": max(abs(a - b) for a, b in zip(f32[name], bf16[name])),
+                  "last_tenth_float32": mean(f32[name][-tail:]), "last_tenth_bfloat16": mean(bf16[name][-tail:])}
            for name in ("loss", "ntp_loss", "matp_loss")}
     return {"config": "configs/tiny.py", "steps": steps, "curves": curves, "gap": gap}
 
@@ -94,7 +93,7 @@ def agreement(name: str, spec: str, mask_token_id: int | None, prompts_of, max_n
 
     result = {"model": name, "max_new_tokens": max_new_tokens}
     ntp_by_dtype = {}
-    for dtype in DTYPES:
+    for dtype in RUN_DTYPES:
         loaded = load_model(spec, dtype=dtype)
         config = loaded.config if mask_token_id is None else loaded.config.replace(mask_token_id=mask_token_id)
         model = loaded._replace(params=jax.device_put(loaded.params), config=config)
@@ -118,7 +117,7 @@ def agreement(name: str, spec: str, mask_token_id: int | None, prompts_of, max_n
               f"NTP batch 1 = batch 8 on {row['ntp_batch1_vs_batch8']['identical']}/{len(prompts)} "
               f"({row['seconds']:.0f} s)", flush=True)
     result["bfloat16_ntp_vs_float32_ntp_identical"] = sum(
-        a == b for a, b in zip(ntp_by_dtype["bfloat16"], ntp_by_dtype["float32"]))
+        a == b for a, b in zip(ntp_by_dtype[DType.BFLOAT16], ntp_by_dtype[DType.FLOAT32]))
     return result
 
 

@@ -47,6 +47,7 @@ def measure(lever: dict, repeats: int) -> dict:
     import jax
 
     from benchmarks.train_step import compiled_step, model_configs, time_compiled
+    from sbd_jax.training.config import ObjectiveKind
 
     setting = dict(BASE, **lever)
     _, config = next(model_configs(["smollm2"]))
@@ -56,7 +57,7 @@ def measure(lever: dict, repeats: int) -> dict:
     seconds = time_compiled(compiled, args, repeats, donate=True)
     params = sum(x.size for x in jax.tree.leaves(args[0].params))
     tokens = setting["batch"] * setting["seq_len"]
-    layout = 2 if setting["objective"] == "sbd" else 1  # the SBD step runs the clean and the noisy copy
+    layout = 2 if setting["objective"] == ObjectiveKind.SBD else 1  # the SBD step runs the clean and the noisy copy
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return {**setting, "step_s": seconds, "tokens_per_s": tokens / seconds, "xla_flops": float(cost["flops"]),

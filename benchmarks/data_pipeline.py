@@ -103,7 +103,7 @@ def measure(path: str, tokenizer, batches: int, workers: int, global_batch: int,
 
 def h100_consumption(global_batch: int, seq_len: int) -> dict:
     hw, m = HARDWARE["h100-bf16"], MODELS["llama3-8b"]
-    flops = training_flops_per_token(m, "sbd") * global_batch * seq_len
+    flops = training_flops_per_token(m, sbd=True) * global_batch * seq_len
     seconds = flops / (8 * hw.peak_flops * ASSUMED_MFU)
     return {"assumption": f"llama3-8b SBD step, {global_batch} x {seq_len} tokens, 8 x H100 dense BF16 at "
                           f"{ASSUMED_MFU:.0%} MFU (roofline: 6 x matmul weights x 2 FLOPs per token)",

@@ -21,6 +21,7 @@ import os
 from benchmarks.decode import PROMPTS
 from benchmarks.forward_cost import hardware_for, model_config
 from sbd_jax.evaluation.results import write_json
+from sbd_jax.model.config import RUN_DTYPES, DType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument("--gammas", type=float, nargs="+", default=[0.35])
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default=DType.FLOAT32, choices=RUN_DTYPES)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--random", action="store_true",
                         help="random weights of the model's shape and random prompt ids (no files needed)")

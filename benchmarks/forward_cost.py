@@ -25,6 +25,7 @@ import os
 
 from sbd_jax.decoding.timing import median_seconds
 from sbd_jax.evaluation.results import write_json
+from sbd_jax.model.config import RUN_DTYPES, DType
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,7 +74,7 @@ def interleaved_medians(fns: dict, repeats: int) -> dict:
 def hardware_for(device, dtype: str):
     from sbd_jax.roofline import HARDWARE
 
-    weight_bytes = 4 if dtype == "float32" else 2
+    weight_bytes = 4 if dtype == DType.FLOAT32 else 2
     if device.platform == "cpu":
         return measured_cpu(weight_bytes)
     name = "h200-bf16" if "H200" in device.device_kind else "h100-bf16"
@@ -172,7 +173,7 @@ def run(model: str, dtype: str, ks, batches, kvs, max_cache_gib: float, repeats:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--dtype", default=DType.FLOAT32, choices=RUN_DTYPES)
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--kv", type=int, nargs="+", default=[1024, 4096])

@@ -16,6 +16,7 @@ import os
 
 from sbd_jax.decoding.timing import median_seconds
 from sbd_jax.evaluation.results import write_json
+from sbd_jax.model.config import RUN_DTYPES, DType
 
 
 def main() -> None:
@@ -25,7 +26,7 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default=DType.FLOAT32, choices=RUN_DTYPES)
     args = parser.parse_args()
 
     import jax
@@ -33,7 +34,7 @@ def main() -> None:
 
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.decoding.sbd import SBDDecoder
-    from sbd_jax.decoding.token_choice import choose_tokens, eb_reveal, uncertainty
+    from sbd_jax.decoding.token_choice import Proxy, choose_tokens, eb_reveal, uncertainty
     from sbd_jax.model.kv_cache import append, init_cache
     from sbd_jax.model.transformer import Transformer
 
@@ -51,7 +52,7 @@ def main() -> None:
 
     def eb_rule(logits, rng):
         todo = jnp.ones(logits.shape[:2], bool)
-        now = eb_reveal(uncertainty(logits, "entropy"), todo, 0.35)
+        now = eb_reveal(uncertainty(logits, Proxy.ENTROPY), todo, 0.35)
         return jnp.where(now, choose_tokens(logits, rng, 0.0, 1.0), 0)
 
     rows = []

@@ -26,6 +26,7 @@ import tempfile
 import time
 
 from sbd_jax.evaluation.results import write_json
+from sbd_jax.model.config import RUN_DTYPES, backend_dtype
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -80,7 +81,7 @@ def train_throughput(steps: int, dtype: str, batch: int, workdir: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+    parser.add_argument("--dtype", default=None, choices=RUN_DTYPES,
                         help="default: bfloat16 on a GPU or TPU, float32 on a CPU")
     parser.add_argument("--problems", type=int, default=500, help="test problems for accuracy")
     parser.add_argument("--speed-problems", type=int, default=64)
@@ -109,7 +110,7 @@ def main() -> None:
         tokens_per_second,
     )
 
-    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    dtype = args.dtype or backend_dtype(jax.default_backend())
     out = args.out or os.path.join(ROOT, "benchmarks", "results", f"sbd_{jax.devices()[0].platform}.json")
     loaded = load_model(MODEL, dtype=dtype)
     model = EvaluatedModel("sbd_arith", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)

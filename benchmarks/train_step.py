@@ -19,6 +19,9 @@ import statistics
 import time
 
 from sbd_jax.evaluation.results import write_json
+from sbd_jax.model.attention import AttentionImpl
+from sbd_jax.model.transformer import Remat
+from sbd_jax.training.config import ObjectiveKind
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,10 +58,11 @@ def model_configs(names):
             yield name, load_model("smollm2-135m", with_tokenizer=False).config.replace(vocab_size=49153)
 
 
-def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_size: int | None = 16,
-                  attention: str = "auto", remat: str = "none"):
-    """(compiled step, its arguments) of one objective on random weights and tokens, state donated.
-    `block_size=None`: the trainer's step, the block size a traced argument (2..16)."""
+def compiled_step(config, kind: str, batch_size: int, seq_len: int, block_size: int | None = 16,
+                  attention: str = AttentionImpl.AUTO, remat: str = Remat.NONE, adapter: bool = False):
+    """(compiled step, its arguments) of one objective kind (`ObjectiveKind`) on random weights and tokens, state
+    donated; `adapter`: the gated adapter's (rank 16, every projection) on frozen weights. `block_size=None`: the
+    trainer's step, the block size a traced argument (2..16)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -72,7 +76,7 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     config = config.replace(mask_token_id=config.vocab_size - 1)
     tx, schedule = make_optimizer(OptimizerConfig(lr=1e-4, warmup_steps=1), 1000)
     params, frozen = init_params(config), None
-    if objective == "adapter":  # the gated adapter (rank 16, every projection) on frozen weights
+    if adapter:
         from sbd_jax.checkpoints.adapter import init_adapter
 
         config = config.replace(adapter=AdapterConfig(rank=16))
@@ -80,8 +84,8 @@ def compiled_step(config, objective: str, batch_size: int, seq_len: int, block_s
     tokens = np.random.RandomState(0).randint(0, config.vocab_size - 1, (batch_size, seq_len)).astype(np.int32)
     batch = Batch(jnp.asarray(tokens), jnp.ones_like(tokens), jnp.asarray(np.arange(seq_len)[None].repeat(batch_size, 0)),
                   jnp.ones(tokens.shape, bool))
-    spec = ObjectiveSpec(kind="ntp" if objective == "ntp" else "sbd", mask_id=config.mask_token_id,
-                         block_sizes=(2, 16) if block_size is None else None, adapter=objective == "adapter")
+    spec = ObjectiveSpec(kind=kind, mask_id=config.mask_token_id, block_sizes=(2, 16) if block_size is None else None,
+                         adapter=adapter)
     step = functools.partial(train_step, model=Transformer(config, attention=attention, remat=remat), tx=tx,
                              schedule=schedule, spec=spec)
 
@@ -109,12 +113,15 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
     from sbd_jax.model.attention import uses_blockwise
     from sbd_jax.roofline import shape_of, training_flops_per_token
 
-    chosen = "blockwise" if uses_blockwise(seq_len) else "reference"
-    other = "reference" if chosen == "blockwise" else "blockwise"
-    variants = {"ntp": ("ntp", seq_len, "auto"), "sbd": ("sbd", seq_len, "auto"), "ntp_2L": ("ntp", 2 * seq_len, "auto"),
-                f"sbd_{other}": ("sbd", seq_len, other), "adapter": ("adapter", seq_len, "auto")}
-    compiled = {key: compiled_step(config, objective, batch_size, length, attention=attention)
-                for key, (objective, length, attention) in variants.items()}
+    ntp, sbd, auto = ObjectiveKind.NTP, ObjectiveKind.SBD, AttentionImpl.AUTO
+    chosen, other = AttentionImpl.BLOCKWISE, AttentionImpl.REFERENCE
+    if not uses_blockwise(seq_len):
+        chosen, other = other, chosen
+    variants = {"ntp": (ntp, seq_len, auto, False), "sbd": (sbd, seq_len, auto, False),
+                "ntp_2L": (ntp, 2 * seq_len, auto, False), f"sbd_{other}": (sbd, seq_len, other, False),
+                "adapter": (sbd, seq_len, auto, True)}
+    compiled = {key: compiled_step(config, kind, batch_size, length, attention=attention, adapter=adapter)
+                for key, (kind, length, attention, adapter) in variants.items()}
     row = {"shape": name, "batch": batch_size, "seq_len": seq_len, "sbd_attention": chosen,
            "params_million": sum(x.size for x in jax.tree.leaves(compiled["ntp"][1][0].params)) / 1e6,
            "adapter_params_million": sum(x.size for x in jax.tree.leaves(compiled["adapter"][1][0].params)) / 1e6}
@@ -130,9 +137,9 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
         row[f"{key}_step_s"] = statistics.median(times[key][1:])
         row[f"{key}_hlo_gflops"] = hlo_flops(step) / 1e9
         row[f"{key}_memory_gib"] = compiled_memory_gib(step)
-    for objective in ("ntp", "sbd"):
-        row[f"{objective}_tokens_per_s"] = batch_size * seq_len / row[f"{objective}_step_s"]
-        row[f"{objective}_model_gflops"] = training_flops_per_token(shape_of(config), objective) * batch_size * seq_len / 1e9
+    for kind in (ntp, sbd):
+        row[f"{kind}_tokens_per_s"] = batch_size * seq_len / row[f"{kind}_step_s"]
+        row[f"{kind}_model_gflops"] = training_flops_per_token(shape_of(config), kind == sbd) * batch_size * seq_len / 1e9
     row["sbd_over_ntp_time"] = row["sbd_step_s"] / row["ntp_step_s"]
     row["sbd_over_ntp_time_pairwise_median"] = statistics.median(
         s / n for s, n in zip(times["sbd"][1:], times["ntp"][1:]))

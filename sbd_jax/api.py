@@ -23,6 +23,7 @@ from sbd_jax.decoding.block_choice import BLOCK_SIZES, BlockChoice, measure_bloc
 from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.errors import PromptError, UserError
+from sbd_jax.model.config import DType
 
 __all__ = ["SBDModel", "Settings", "load"]
 
@@ -98,7 +99,7 @@ def settings_of(settings: Settings | None, options: dict[str, Any], **implied: A
     return settings
 
 
-def load(model: str = "smollm2-135m", *, dtype: str = "float32", mask_token_id: int | None = None,
+def load(model: str = "smollm2-135m", *, dtype: str = DType.FLOAT32, mask_token_id: int | None = None,
          adapter: str | None = None) -> SBDModel:
     """Loads a model by known name (`smollm2-135m`), Hugging Face directory or .gguf file.
 

@@ -11,13 +11,14 @@ from sbd_jax.checkpoints.load import load_model
 from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.cli import run_cli
 from sbd_jax.errors import UserError
+from sbd_jax.model.config import RUN_DTYPES, DType
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m sbd_jax.convert", description=__doc__)
     parser.add_argument("src", help="model name (e.g. smollm2-135m), HF directory or .gguf file")
     parser.add_argument("dst", help="output Hugging Face directory (config.json, safetensors, tokenizer)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights dtype to save")
+    parser.add_argument("--dtype", choices=RUN_DTYPES, default=DType.FLOAT32, help="weights dtype to save")
     args = parser.parse_args(argv)
     check_export_dir(args.dst)  # before the load, which can take minutes
     model = load_model(args.src, with_tokenizer=False, param_dtype=args.dtype)

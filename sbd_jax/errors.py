@@ -6,8 +6,6 @@ problem and the fix.
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class UserError(ValueError):
     """Bad input from a user: a config value, a file, a model name, a size that does not fit."""
@@ -24,12 +22,6 @@ class PromptError(UserError):
     def shifted(self, offset: int) -> PromptError:
         """The same error for the batch that holds this one's batch from `offset` on."""
         return PromptError(self.problem, (self.index or 0) + offset)
-
-
-def check_one_of(name: str, value: Any, allowed: tuple) -> None:
-    """`config name=value` must be one of `allowed`."""
-    if value not in allowed:
-        raise UserError(f"config {name}={value!r}: use one of {', '.join(map(repr, allowed))}")
 
 
 def check_at_least(name: str, value: float, low: float, why: str = "") -> None:

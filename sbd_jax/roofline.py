@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 from sbd_jax.errors import UserError
+from sbd_jax.model.config import DType
 
 ACTIVATION_BYTES = 2
 
@@ -95,12 +96,12 @@ def shape_of(cfg: Any, name: str = "model") -> ModelShape:
                       cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings)
 
 
-def training_flops_per_token(m: ModelShape, objective: str, adapter: bool = False) -> float:
-    """Model FLOPs of one trained token: 6 per matmul weight (forward 2, backward 4), twice for SBD,
-    whose step runs the clean and the noisy copy of every sequence (attention's share is left out).
+def training_flops_per_token(m: ModelShape, sbd: bool, adapter: bool = False) -> float:
+    """Model FLOPs of one trained token: 6 per matmul weight (forward 2, backward 4), twice for SBD (`sbd`; else
+    NTP), whose step runs the clean and the noisy copy of every sequence (attention's share is left out).
     A gated adapter's step runs the clean copy forward only (2) and the noisy copy forward and back
     through frozen weights, input gradients only (2 + 2): 6 in all, as NTP (the adapter's own is left out)."""
-    return 6.0 * m.matmul_params * (2 if objective == "sbd" and not adapter else 1)
+    return 6.0 * m.matmul_params * (2 if sbd and not adapter else 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,7 +130,7 @@ def device_peak_flops(device: Any, dtype: str) -> float | None:
     measured matmul peak on a CPU, None where neither applies (MFU is then not reported)."""
     if device.platform == "cpu":
         return matmul_peak_flops()
-    if device.platform == "gpu" and dtype == "bfloat16":
+    if device.platform == "gpu" and dtype == DType.BFLOAT16:
         for kind, name in (("H200", "h200-bf16"), ("H100", "h100-bf16")):
             if kind in device.device_kind:
                 return HARDWARE[name].peak_flops

@@ -74,7 +74,7 @@ def test_sample_json_on_smollm2_and_too_long_prompt():
     (["--gamma", "-1"], "gamma=-1.0 must be a number >= 0"),
     (["--gamma", "nan"], "gamma=nan must be a number >= 0"),
     (["--block-size", "0"], "block_size=0 must be >= 1"),
-    (["--proxy", "vibes"], "unknown proxy 'vibes'"),
+    (["--proxy", "vibes"], "proxy='vibes': use one of entropy"),
     (["--temperature", "-0.5"], "temperature=-0.5 must be >= 0"),
     (["--verify", "--gamma", "0.5"], "gamma (--gamma) has no effect with verify (--verify)"),
     (["--block-size", "auto"], "--block-size auto picks the fastest block for verified SBD"),

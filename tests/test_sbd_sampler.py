@@ -229,7 +229,7 @@ def test_gamma_that_is_not_a_number_at_least_0_is_refused(params, gamma):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"block_size": 0}, "block_size=0 must be >= 1"),
-    ({"proxy": "vibes"}, "unknown proxy 'vibes': use one of entropy, confidence, margin, left_to_right"),
+    ({"proxy": "vibes"}, "proxy='vibes': use one of entropy, confidence, margin, left_to_right"),
     ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),
 ])
 def test_bad_settings(kwargs, message):

@@ -6,6 +6,7 @@ import ml_collections
 
 from configs.base import get_base
 from experiments.small_scale.task import STUDY
+from sbd_jax.training.config import ObjectiveKind, Schedule
 
 # About 0.8M parameters (13k of them the character embedding): ~0.5 s an SBD step on 2 CPU cores.
 ARCHITECTURE = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
@@ -41,7 +42,7 @@ def get_config(variant: str, *, files: tuple[str, ...], tokenizer: str, steps: i
     c = get_base()
     if variant in ("trunk", "ft"):
         c.model.name = ntp_model
-        c.optimizer.schedule = "wsd"
+        c.optimizer.schedule = Schedule.WSD
         c.optimizer.warmup_steps = 30 if not smoke else 1
         c.checkpoint.every = checkpoint_every or steps
         c.checkpoint.keep = 1000  # the trunk keeps every branch point
@@ -58,7 +59,7 @@ def get_config(variant: str, *, files: tuple[str, ...], tokenizer: str, steps: i
         raise ValueError(f"variant {variant!r}: use ntp, sbd, sbd_no_ntp, trunk or ft")
     c.data.files = files
     c.data.seq_len = seq_len
-    c.objective.kind = "ntp" if variant == "ntp" else "sbd"
+    c.objective.kind = ObjectiveKind.NTP if variant == "ntp" else ObjectiveKind.SBD
     c.objective.w_ntp = 0.0 if variant == "sbd_no_ntp" else 1.0
     c.objective.block_size_min, c.objective.block_size_max = 2, 16
     c.train.steps = steps

@@ -62,13 +62,14 @@ def stage_config(stage: int, model: str, train_file: str, sizes: dict):
     """Stage 1: NTP fine-tune of `model`; stage 2: SBD fine-tune of stage 1 (a new mask-token row).
     Float32, unrolled layers, no remat: the fastest settings on a CPU (benchmarks/cpu_train_levers.py)."""
     from configs.base import get_base
+    from sbd_jax.training.config import ObjectiveKind
 
     c = get_base()
     c.seed = stage  # stage 2 sees the problems in another order
     c.model.name = model
     c.data.files = (train_file,)
     c.data.seq_len = sizes["seq_len"]
-    c.objective.kind = "ntp" if stage == 1 else "sbd"
+    c.objective.kind = ObjectiveKind.NTP if stage == 1 else ObjectiveKind.SBD
     c.objective.block_size_max = min(16, sizes["seq_len"] // 2)
     c.train.steps = sizes[f"stage{stage}_steps"]
     c.train.batch_size = sizes["batch"]

@@ -178,9 +178,10 @@ def ntp_control(cfg, workdir: str) -> str:
     """Claim 1's control: an NTP-only fine-tune with the same data, steps, batch and schedule, so the
     held-out loss separates what the data does to the model from what the SBD objective adds. Resumable
     like the SBD run; returns its exported HF directory."""
+    from sbd_jax.training.config import ObjectiveKind
     from sbd_jax.training.trainer import Trainer
 
-    cfg.objective.kind = "ntp"
+    cfg.objective.kind = ObjectiveKind.NTP
     Trainer(cfg, workdir).run()
     return os.path.join(workdir, "hf")
 
@@ -244,12 +245,13 @@ def main(argv: list[str]) -> None:
     from recipes.smollm2_sbd import eval as evaluation
     from recipes.smollm2_sbd.report import write_report
     from sbd_jax.evaluation.results import provenance
+    from sbd_jax.model.config import backend_dtype
 
     preset = "smoke" if args.smoke else "cpu" if args.cpu else "gpu"
     sizes = dict(SMOKE if args.smoke else CPU if args.cpu else GPU)
     if args.steps:
         sizes["steps"] = args.steps
-    dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    dtype = backend_dtype(jax.default_backend())
     data, train_dir = os.path.join(args.workdir, "data"), os.path.join(args.workdir, "train")
     objective = {} if args.paper_objective else OBJECTIVE
     # Each variant is spelled once: the flag its command records and the suffix of its own results folder.

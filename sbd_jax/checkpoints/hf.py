@@ -9,7 +9,6 @@ import re
 from typing import Any, Callable, Collection, Iterator
 
 import jax
-import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
@@ -160,7 +159,7 @@ def params_from_tensors(available: Collection[str], get: Callable[[str], np.ndar
     if unexpected:
         raise UserError(f"{source}: unexpected weight {unexpected[0]!r} (and {len(unexpected) - 1} more); "
                         f"the weights do not match a {cfg.model_type} config")
-    dtype = np.dtype(ml_dtypes.bfloat16) if cfg.param_dtype == "bfloat16" else np.dtype(cfg.param_dtype)
+    dtype = np.dtype(cfg.weights_dtype)
     params: dict = {}
     for name, ours, transposed in expected:
         array = get(name)

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from sbd_jax.decoding.token_choice import PROXIES, choose_tokens, without_token
+from sbd_jax.decoding.token_choice import Proxy, choose_tokens, without_token
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import KVCache, append, init_cache
@@ -91,10 +91,9 @@ def check_block_size(block_size: int) -> None:
     check_whole_number("block_size", block_size, 1)
 
 
-def check_proxy(proxy: str) -> None:
-    """Raises UserError for an unknown uncertainty proxy (callable before any model is loaded)."""
-    if proxy not in PROXIES:
-        raise UserError(f"unknown proxy {proxy!r}: use one of {', '.join(PROXIES)}")
+def check_proxy(proxy: str) -> Proxy:
+    """The uncertainty proxy named `proxy`; UserError for an unknown one (callable before any model is loaded)."""
+    return Proxy.parse(proxy, "proxy")
 
 
 def check_gamma(gamma: float) -> None:

@@ -6,7 +6,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-PROXIES = ("entropy", "confidence", "margin", "left_to_right")
+from sbd_jax.choice import Choice
+
+
+class Proxy(Choice):
+    """SBD's uncertainty score of a masked position (`uncertainty` says how each is computed)."""
+
+    ENTROPY = "entropy"
+    CONFIDENCE = "confidence"
+    MARGIN = "margin"
+    LEFT_TO_RIGHT = "left_to_right"  # a diagnostic order, not an uncertainty
 
 
 def without_token(logits: jax.Array, token_id: int | None) -> jax.Array:
@@ -80,15 +89,15 @@ def uncertainty(logits: jax.Array, proxy: str) -> jax.Array:
     the leftmost masked position each pass, the order NTP decoding follows (no score is 0, so γ = 0
     never reveals a second one).
     """
-    if proxy == "left_to_right":
+    if proxy == Proxy.LEFT_TO_RIGHT:
         return jnp.broadcast_to(jnp.arange(1, logits.shape[-2] + 1, dtype=jnp.float32), logits.shape[:-1])
     shifted = logits.astype(jnp.float32) - jnp.max(logits, axis=-1, keepdims=True).astype(jnp.float32)
     unnormalised = jnp.exp(shifted)
     total = jnp.sum(unnormalised, axis=-1)
-    if proxy == "entropy":  # H = log Z - E[shifted]; -inf logits (outside top-p) contribute 0
+    if proxy == Proxy.ENTROPY:  # H = log Z - E[shifted]; -inf logits (outside top-p) contribute 0
         weighted = jnp.sum(jnp.where(unnormalised > 0, unnormalised * shifted, 0.0), axis=-1)
         return jnp.maximum(jnp.log(total) - weighted / total, 0.0)
-    if proxy == "confidence":
+    if proxy == Proxy.CONFIDENCE:
         return 1.0 - 1.0 / total
     second = jax.lax.top_k(shifted, 2)[0][..., 1]
     return 1.0 - (1.0 - jnp.exp(second)) / total

@@ -16,6 +16,7 @@ from sbd_jax.checkpoints.tokenizer import encode_prompt
 from sbd_jax.data.packing import Batch, load_packed
 from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
 from sbd_jax.decoding.settings import Settings
+from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.evaluation.arithmetic import Problem, final_result
 from sbd_jax.evaluation.scoring import wilson
 from sbd_jax.model.config import ModelConfig
@@ -75,7 +76,7 @@ def decode(model: EvaluatedModel, setting: dict, prompts: Sequence[Sequence[int]
     block decoder: "sbd", "sbd_verified", "verified_lookup", ...; `verify`, `drafts` and `proxy` say which)."""
     ntp = setting["mode"] == "ntp"
     settings = Settings(mode="ntp" if ntp else "sbd", max_new_tokens=max_new_tokens,
-                        **({} if ntp else {"block_size": setting["block_size"], "proxy": setting["proxy"] or "entropy",
+                        **({} if ntp else {"block_size": setting["block_size"], "proxy": setting["proxy"] or Proxy.ENTROPY,
                                            "verify": setting.get("verify", False),
                                            "drafts": setting.get("drafts", "sbd"),
                                            "lookup_min_match": setting.get("lookup_min_match", 1),

@@ -28,10 +28,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
+from sbd_jax.choice import Choice
 from sbd_jax.errors import UserError
 from sbd_jax.model.masks import SBDTrainingMask, tile_visits
 
-IMPLEMENTATIONS = ("auto", "reference", "blockwise", "splash")
+
+class AttentionImpl(Choice):
+    """How training's attention is computed (the module docstring says what each does and where it runs)."""
+
+    AUTO = "auto"
+    REFERENCE = "reference"
+    BLOCKWISE = "blockwise"
+    SPLASH = "splash"
+
+
 _TILES = (512, 256, 128)
 _NEG = -1e30  # finite: a fully masked tile row must not turn into NaN
 
@@ -40,7 +50,8 @@ _TARGET: contextvars.ContextVar[str | None] = contextvars.ContextVar("sbd_jax_ta
 KeyPart = tuple[jax.Array, jax.Array, Any]  # k [B,S,K,H], v [B,S,K,H], mask: bool [B|1,T,S] or SBDTrainingMask
 
 
-def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto", mesh: Mesh | None = None) -> jax.Array:
+def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = AttentionImpl.AUTO,
+              mesh: Mesh | None = None) -> jax.Array:
     """Softmax attention of queries over the concatenation of several key/value parts.
 
     A part is `(k_BSKH, v_BSKH, mask)`; the mask is boolean broadcastable to `[B, T, S]` (True = may
@@ -50,9 +61,10 @@ def attention(q_BTNH: jax.Array, parts: Sequence[KeyPart], impl: str = "auto", m
     """
     if len(parts) == 1 and isinstance(parts[0][2], SBDTrainingMask):
         k, v, mask = parts[0]
-        if impl == "splash" or (impl == "auto" and _splash_fits(q_BTNH.shape[-1], mask.seq_len)):
+        auto = impl == AttentionImpl.AUTO
+        if impl == AttentionImpl.SPLASH or (auto and _splash_fits(q_BTNH.shape[-1], mask.seq_len)):
             return _splash(q_BTNH, k, v, mask, mesh)
-        if impl == "blockwise" or (impl == "auto" and uses_blockwise(mask.seq_len)):
+        if impl == AttentionImpl.BLOCKWISE or (auto and uses_blockwise(mask.seq_len)):
             tile = blockwise_tile(mask.seq_len) or _tile_for(mask.seq_len)
             if tile is None:
                 raise UserError(f"attention='blockwise' needs data.seq_len a multiple of 128 (got {mask.seq_len}); "

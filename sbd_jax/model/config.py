@@ -7,10 +7,33 @@ from typing import Any, Protocol
 
 import jax.numpy as jnp
 
+from sbd_jax.choice import Choice
 from sbd_jax.errors import UserError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-DTYPES = {"float64": jnp.float64, "float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+class DType(Choice):
+    """A floating-point type by name: what a model computes in (`dtype`) and keeps its weights in (`param_dtype`)."""
+
+    FLOAT64 = "float64"
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+    @property
+    def jnp(self) -> Any:
+        """The JAX scalar type of this name."""
+        return getattr(jnp, self.value)
+
+
+RUN_DTYPES = (DType.FLOAT32, DType.BFLOAT16)  # what the CLIs offer: float32 (exact) and bfloat16 (GPU / TPU)
+
+
+def backend_dtype(backend: str) -> DType:
+    """The compute dtype recipes and benchmarks run in by default on `backend` (`jax.default_backend()`): float32
+    on a CPU, bfloat16 on a GPU or TPU."""
+    return DType.FLOAT32 if backend == "cpu" else DType.BFLOAT16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +101,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     mask_token_id: int | None = None  # SBD's mask token; set by fine-tuning (config.json "sbd_mask_token_id")
     # How to run, not what the weights are:
-    dtype: str = "float32"  # activations / matmul inputs
-    param_dtype: str = "float32"
+    dtype: DType = DType.FLOAT32  # activations / matmul inputs
+    param_dtype: DType = DType.FLOAT32
     scan_layers: bool = False  # one stacked parameter tree (compiles once for all layers)
     adapter: AdapterConfig | None = None  # a gated adapter on top of these weights (sbd_jax.checkpoints.adapter)
 
@@ -101,8 +124,7 @@ class ModelConfig:
         if self.head_dim % 2:
             raise UserError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         for name in ("dtype", "param_dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise UserError(f"config {name}={getattr(self, name)!r}: use one of {', '.join(DTYPES)}")
+            object.__setattr__(self, name, DType.parse(getattr(self, name), f"config {name}"))
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise UserError(f"mask_token_id={self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
         if self.mask_token_id is not None and self.mask_token_id in self.eos_token_ids:
@@ -112,11 +134,11 @@ class ModelConfig:
 
     @property
     def compute_dtype(self) -> jnp.dtype:
-        return DTYPES[self.dtype]
+        return self.dtype.jnp
 
     @property
     def weights_dtype(self) -> jnp.dtype:
-        return DTYPES[self.param_dtype]
+        return self.param_dtype.jnp
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

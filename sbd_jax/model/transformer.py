@@ -18,8 +18,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from sbd_jax.choice import Choice
 from sbd_jax.model import masks
-from sbd_jax.model.attention import attention
+from sbd_jax.model.attention import AttentionImpl, attention
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import KVCache, valid_slots
 from sbd_jax.model.rope import apply_rope, inverse_frequencies
@@ -82,7 +83,7 @@ def _project(x: jax.Array, features: int, bias: bool, name: str, cfg: ModelConfi
 class Attention(nn.Module):
     config: ModelConfig
     mesh: Any = None  # the device mesh, for attention kernels that run per device (attention.py)
-    attention: str = "auto"  # the implementation (attention.py)
+    attention: str = AttentionImpl.AUTO  # the implementation (attention.py)
     gate_from: int | None = None  # the adapter's first token (None: off)
 
     @nn.compact
@@ -127,7 +128,7 @@ class DecoderLayer(nn.Module):
 
     config: ModelConfig
     mesh: Any = None
-    attention: str = "auto"
+    attention: str = AttentionImpl.AUTO
     gate_from: int | None = None
 
     @nn.compact
@@ -142,10 +143,18 @@ class DecoderLayer(nn.Module):
         return x, new_kv
 
 
+class Remat(Choice):
+    """What a training step's backward pass recomputes of each layer instead of keeping it."""
+
+    NONE = "none"  # nothing: every activation is kept
+    FULL = "full"  # everything
+    DOTS = "dots"  # all but the outputs of matmuls without batch dimensions (the projections)
+
+
 def _layer_class(remat: str, scan_layers: bool):
-    if remat == "none":
+    if remat == Remat.NONE:
         return DecoderLayer
-    policy = {"full": None, "dots": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}[remat]
+    policy = {Remat.FULL: None, Remat.DOTS: jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims}[Remat(remat)]
     return nn.remat(DecoderLayer, policy=policy, prevent_cse=not scan_layers)
 
 
@@ -154,15 +163,15 @@ class Transformer(nn.Module):
 
     `mesh`: the `(data, fsdp, tensor)` mesh the inputs are sharded over (training); attention kernels
     that run per device (splash) then run on each device's share under `shard_map`. `attention` (the
-    implementation, attention.py) and `remat` (none | full | dots: what the backward pass recomputes)
+    implementation, attention.py) and `remat` (`Remat`: what the backward pass recomputes)
     change how training runs, not what it computes; decoding keeps the defaults. `gate_from`: the
     forward's first token that the adapter applies to (its block), None for none; no effect without
     `config.adapter`."""
 
     config: ModelConfig
     mesh: Any = None
-    attention: str = "auto"
-    remat: str = "none"
+    attention: str = AttentionImpl.AUTO
+    remat: str = Remat.NONE
     gate_from: int | None = None
 
     @nn.compact

@@ -11,12 +11,35 @@ import dataclasses
 import os
 from typing import Any
 
+from sbd_jax.choice import Choice
 from sbd_jax.data.config import DataConfig
-from sbd_jax.errors import UserError, check_at_least, check_in_range, check_one_of
-from sbd_jax.model.attention import IMPLEMENTATIONS
-from sbd_jax.model.config import ADAPTER_TARGETS, DTYPES, AdapterConfig
+from sbd_jax.errors import UserError, check_at_least, check_in_range
+from sbd_jax.model.attention import AttentionImpl
+from sbd_jax.model.config import ADAPTER_TARGETS, AdapterConfig, DType
+from sbd_jax.model.transformer import Remat
 
-REMAT_POLICIES = ("none", "full", "dots")
+
+class ObjectiveKind(Choice):
+    """What a run trains."""
+
+    SBD = "sbd"  # the joint NTP + MATP loss (SBD's blocks)
+    NTP = "ntp"  # next-token loss only (the baseline)
+
+
+class Schedule(Choice):
+    """The learning rate's shape after warmup."""
+
+    COSINE = "cosine"  # cosine decay to final_lr_ratio at train.steps
+    WSD = "wsd"  # warmup-stable-decay: constant, then linear decay over the last decay_steps
+
+
+def _parse_choices(section: Any, prefix: str) -> None:
+    """Each field of `section` whose default is a `Choice` made its member (a name is taken; UserError naming the
+    field otherwise)."""
+    for field in dataclasses.fields(section):
+        if isinstance(field.default, Choice):
+            value = type(field.default).parse(getattr(section, field.name), f"config {prefix}.{field.name}")
+            object.__setattr__(section, field.name, value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,15 +59,13 @@ class ModelToTrain:
     name: str = ""  # a model to fine-tune: known name, HF directory or .gguf file
     architecture: dict | None = None  # or random init of these ModelConfig fields
     tokenizer: str = ""  # with `architecture`: where the tokenizer comes from (name / dir / gguf)
-    dtype: str = "float32"  # compute dtype; master weights and optimizer state stay float32
+    dtype: DType = DType.FLOAT32  # compute dtype; master weights and optimizer state stay float32
     scan_layers: bool = False
-    remat: str = "none"  # none | full | dots
-    attention: str = "auto"  # auto | reference | blockwise | splash (TPU)
+    remat: Remat = Remat.NONE  # what the backward pass recomputes of each layer
+    attention: AttentionImpl = AttentionImpl.AUTO  # splash: TPU only
 
     def __post_init__(self) -> None:
-        check_one_of("model.dtype", self.dtype, tuple(DTYPES))
-        check_one_of("model.remat", self.remat, REMAT_POLICIES)
-        check_one_of("model.attention", self.attention, IMPLEMENTATIONS)
+        _parse_choices(self, "model")
         if not self.name and not self.architecture:
             raise UserError("set config.model.name (a model to fine-tune) or config.model.architecture")
 
@@ -54,7 +75,7 @@ class ObjectiveConfig:
     """The loss: SBD's joint NTP + MATP (block size k ~ U{min..max} per step, masking rate ~ U[eta])
     or the NTP baseline."""
 
-    kind: str = "sbd"  # sbd | ntp
+    kind: ObjectiveKind = ObjectiveKind.SBD  # what the run trains
     block_size_min: int = 2
     block_size_max: int = 16
     w_ntp: float = 1.0
@@ -68,7 +89,7 @@ class ObjectiveConfig:
     soft_target: float = 0.0
 
     def __post_init__(self) -> None:
-        check_one_of("objective.kind", self.kind, ("sbd", "ntp"))
+        _parse_choices(self, "objective")
         for name in ("full_mask_share", "soft_target"):
             if not 0.0 <= getattr(self, name) <= 1.0:  # NaN too
                 raise UserError(f"config objective.{name}={getattr(self, name)} must be in [0, 1]")
@@ -105,7 +126,7 @@ class OptimizerConfig:
 
     lr: float = 3e-4
     warmup_steps: int = 10
-    schedule: str = "cosine"  # cosine (to final_lr_ratio at train.steps) | wsd (warmup-stable-decay)
+    schedule: Schedule = Schedule.COSINE  # the learning rate's shape after warmup
     decay_steps: int = 0  # wsd: linear decay to final_lr_ratio over the last decay_steps steps
     final_lr_ratio: float = 0.1
     b1: float = 0.9
@@ -115,7 +136,7 @@ class OptimizerConfig:
     clip_norm: float = 1.0  # 0: no clipping
 
     def __post_init__(self) -> None:
-        check_one_of("optimizer.schedule", self.schedule, ("cosine", "wsd"))
+        _parse_choices(self, "optimizer")
         check_in_range("optimizer.lr", self.lr, 0.0, float("inf"), low_open=True, why="the peak learning rate")
         check_at_least("optimizer.warmup_steps", self.warmup_steps, 0)
         check_at_least("optimizer.decay_steps", self.decay_steps, 0)
@@ -191,7 +212,7 @@ class TrainConfig:
         if self.optimizer.decay_steps > self.train.steps:
             raise UserError(f"config optimizer.decay_steps={self.optimizer.decay_steps} must be in [0, train.steps]")
 
-        if self.adapter.rank and self.objective.kind != "sbd":
+        if self.adapter.rank and self.objective.kind != ObjectiveKind.SBD:
             raise UserError("config adapter.rank > 0 trains SBD's blocks: it needs objective.kind=sbd (an NTP "
                             "adapter would leave the base model's outputs as they are)")
         check_in_range("seed", self.seed, 0, 2**32, why="a 32-bit random seed")

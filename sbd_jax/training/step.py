@@ -17,7 +17,7 @@ from sbd_jax.data.packing import Batch
 from sbd_jax.model import sharding
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.transformer import Transformer
-from sbd_jax.training.config import OptimizerConfig, TrainConfig
+from sbd_jax.training.config import ObjectiveKind, OptimizerConfig, Schedule, TrainConfig
 from sbd_jax.training.objective import DraftTraining, adapter_sbd_loss, ntp_loss, sbd_loss
 
 
@@ -48,7 +48,7 @@ def make_optimizer(opt: OptimizerConfig, total_steps: int) -> tuple[optax.Gradie
     which decay linearly. A WSD run's state before its decay equals a longer WSD run's at that step."""
     warmup = max(opt.warmup_steps, 1)
     final = opt.lr * opt.final_lr_ratio
-    if opt.schedule == "wsd":
+    if opt.schedule == Schedule.WSD:
         stable_end = max(total_steps - opt.decay_steps, warmup)
         schedule = optax.join_schedules([
             optax.linear_schedule(0.0, opt.lr, warmup), optax.constant_schedule(opt.lr),
@@ -68,7 +68,7 @@ def block_size_for_step(cfg: TrainConfig, step: int) -> int:
 
     NTP training has no blocks: always 1.
     """
-    if cfg.objective.kind == "ntp":
+    if cfg.objective.kind == ObjectiveKind.NTP:
         return 1
     low, high = cfg.objective.block_size_min, cfg.objective.block_size_max
     return int(np.random.default_rng([cfg.seed, step]).integers(low, high + 1))
@@ -78,7 +78,7 @@ def block_size_for_step(cfg: TrainConfig, step: int) -> int:
 class ObjectiveSpec:
     """What a step's loss needs besides its inputs, fixed for a run (hashable: part of the compiled step)."""
 
-    kind: str = "sbd"  # "sbd": the joint NTP + MATP loss; "ntp": next-token loss only
+    kind: ObjectiveKind = ObjectiveKind.SBD  # the loss: SBD's joint NTP + MATP, or NTP alone
     mask_id: int = 0
     weights: tuple[float, float] = (1.0, 1.0)  # (NTP, MATP)
     eta_range: tuple[float, float] = (0.0, 1.0)  # the masking rate is drawn uniformly from it per row
@@ -112,7 +112,7 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any,
             return adapter_sbd_loss(params, frozen, model, micro, micro_rng, block_size=block_size,
                                     mask_id=spec.mask_id, w_matp=spec.weights[1], eta_range=spec.eta_range,
                                     end_ids=spec.end_ids, block_sizes=spec.block_sizes, drafts=spec.drafts)
-        if spec.kind == "ntp":
+        if spec.kind == ObjectiveKind.NTP:
             return ntp_loss(params, model, micro)
         return sbd_loss(params, model, micro, micro_rng, block_size=block_size, mask_id=spec.mask_id,
                         w_ntp=spec.weights[0], w_matp=spec.weights[1], eta_range=spec.eta_range,

@@ -27,12 +27,12 @@ from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.data import streaming
 from sbd_jax.errors import UserError
 from sbd_jax.model import sharding
-from sbd_jax.model.config import ModelConfig, RopeScaling
+from sbd_jax.model.config import DType, ModelConfig, RopeScaling
 from sbd_jax.model.mask_token import setup_mask_token
 from sbd_jax.model.transformer import Transformer, init_params
 from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
 from sbd_jax.training import checkpoints as train_checkpoints
-from sbd_jax.training.config import DistributedConfig, ModelToTrain, TrainConfig
+from sbd_jax.training.config import DistributedConfig, ModelToTrain, ObjectiveKind, TrainConfig
 from sbd_jax.training.log import MetricsLog, Progress, Window
 from sbd_jax.training.step import (
     block_size_for_step,
@@ -47,7 +47,7 @@ from sbd_jax.training.workdir_lock import WorkdirLock
 
 def run_options(m: ModelToTrain) -> dict[str, Any]:
     """The ModelConfig fields a training config's `model` section sets (master weights stay float32)."""
-    return dict(dtype=m.dtype, param_dtype="float32", scan_layers=m.scan_layers)
+    return dict(dtype=m.dtype, param_dtype=DType.FLOAT32, scan_layers=m.scan_layers)
 
 
 def architecture_config(m: ModelToTrain, architecture: dict, tokenizer: Any = None) -> ModelConfig:
@@ -97,7 +97,7 @@ class Trainer:
                             f"{batch_ways} data x fsdp devices of mesh {tuple(self.mesh.shape.values())}")
         self.config, params, self.tokenizer = self._model()
         base_fingerprint = fingerprint(params) if cfg.adapter.rank else ""  # the user's weights, as loaded
-        if cfg.objective.kind == "sbd":
+        if cfg.objective.kind == ObjectiveKind.SBD:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
         self.frozen: Any = None  # an adapter run's base weights: an input of every step, never trained
@@ -215,7 +215,8 @@ class Trainer:
         """Model FLOPs of one step (roofline formulas: 6 per weight per token, x2 for SBD's 2L layout but
         not for a gated adapter's)."""
         shape = shape_of(self.config)
-        per_token = training_flops_per_token(shape, self.cfg.objective.kind, adapter=self.frozen is not None)
+        per_token = training_flops_per_token(shape, self.cfg.objective.kind == ObjectiveKind.SBD,
+                                             adapter=self.frozen is not None)
         return per_token * self.cfg.train.batch_size * self.cfg.data.seq_len
 
     def export_checkpoint(self, step: int, path: str) -> None:
@@ -238,7 +239,7 @@ class Trainer:
                 save_adapter(path, self.config, adapter, self.base)
             return
 
-        save_hf(path, self.config.replace(param_dtype="float32"), self.state.params,
+        save_hf(path, self.config.replace(param_dtype=DType.FLOAT32), self.state.params,
                 tokenizer=self.tokenizer if jax.process_index() == 0 else None)
 
 
