@@ -1,5 +1,5 @@
-"""The reference pages generated from their sources of truth (`python -m benchmarks.docs` writes them,
-`tests/test_docs.py` checks them):
+"""The reference pages generated from their sources of truth, written by `python -m benchmarks.docs` and
+checked by `tests/test_docs.py`.
 
 - docs/reference/cli.md: every flag of the command lines, read from their argparse parsers (and train.py's absl
   flags); a flag's help text is written once, beside its `add_argument`;
@@ -107,7 +107,7 @@ def cli_page() -> str:
                                   ("python -m sbd_jax.lower", lower, lower.main),
                                   ("python -m sbd_jax.roofline", roofline, roofline.main)):
         out += [f"## `{command}`", "", wrapped(first_paragraph(module.__doc__)), "", *flag_rows(parser_of(main)), ""]
-    out += ["Every benchmark, study and recipe script documents its own flags: `python -m benchmarks.NAME --help`.",
+    out += ["Every benchmark, study and recipe script documents its own flags: `python -m benchmarks.<name> --help`.",
             ""]
     return "\n".join(out)
 
