@@ -54,8 +54,8 @@ def plan(settings: list[dict], batches: list[int], compile_seconds: float) -> di
 
 def train_throughput(steps: int, dtype: str, batch: int, workdir: str) -> dict:
     """`steps` SBD fine-tuning steps of the model on the task's training problems (chat prompts)."""
-    from configs.base import get_base
     from sbd_jax.evaluation.arithmetic import problems
+    from sbd_jax.training.config import default_config_dict
     from sbd_jax.training.trainer import Trainer
 
     data = os.path.join(workdir, "train.jsonl")
@@ -63,7 +63,7 @@ def train_throughput(steps: int, dtype: str, batch: int, workdir: str) -> dict:
         for p in problems(20 * batch, 5, seed=0):  # the study's training seed
             f.write(json.dumps({"messages": [{"role": "user", "content": p.question},
                                              {"role": "assistant", "content": p.answer}]}) + "\n")
-    cfg = get_base()
+    cfg = default_config_dict()
     cfg.model.name, cfg.model.dtype = MODEL, dtype
     cfg.data.files, cfg.data.seq_len, cfg.data.workers = (data,), 128, 0
     cfg.train.steps, cfg.train.batch_size, cfg.train.log_every = steps, batch, max(steps // 10, 1)

@@ -4,7 +4,8 @@ For 8 GPUs: fsdp over all devices. On a TPU slice, set --config.mesh='(1,-1,1)' 
     python train.py --config configs/llama3_8b.py --workdir runs/llama3 --config.model.name=/path/to/Llama-3.1-8B
 """
 
-from configs.base import get_base, paper_recipe_8b
+from configs.base import paper_recipe_8b
+from sbd_jax.training.config import default_config_dict
 
 ARCHITECTURE = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                     num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5,
@@ -14,6 +15,6 @@ ARCHITECTURE = dict(model_type="llama", vocab_size=128256, hidden_size=4096, int
 
 
 def get_config():
-    c = paper_recipe_8b(get_base())
+    c = paper_recipe_8b(default_config_dict())
     c.model.name = ""  # an HF directory of Llama-3.1-8B(-Instruct)
     return c

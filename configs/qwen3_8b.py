@@ -3,7 +3,8 @@
     python train.py --config configs/qwen3_8b.py --workdir runs/qwen3 --config.model.name=/path/to/Qwen3-8B
 """
 
-from configs.base import get_base, paper_recipe_8b
+from configs.base import paper_recipe_8b
+from sbd_jax.training.config import default_config_dict
 
 ARCHITECTURE = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
                     num_layers=36, num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-6,
@@ -12,6 +13,6 @@ ARCHITECTURE = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, int
 
 
 def get_config():
-    c = paper_recipe_8b(get_base())
+    c = paper_recipe_8b(default_config_dict())
     c.model.name = ""  # an HF directory of Qwen3-8B
     return c

@@ -9,13 +9,14 @@ Sized for one GPU (bf16 compute, fp32 master weights and AdamW state; 400 steps 
 about 6.5M tokens). On a CPU use the recipe's --cpu sizes (batch 2 x 128).
 """
 
-from configs.base import get_base
+from sbd_jax.model.config import DType
+from sbd_jax.training.config import default_config_dict
 
 
 def get_config():
-    c = get_base()
+    c = default_config_dict()
     c.model.name = "smollm2-135m"
-    c.model.dtype = "bfloat16"
+    c.model.dtype = DType.BFLOAT16
     c.model.scan_layers = True
     c.data.seq_len = 512
     c.train.steps = 400

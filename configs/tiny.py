@@ -6,13 +6,13 @@
 import glob
 import os
 
-from configs.base import get_base
+from sbd_jax.training.config import default_config_dict
 
 STDLIB = os.path.dirname(os.__file__)
 
 
 def get_config():
-    c = get_base()
+    c = default_config_dict()
     c.model.architecture = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_layers=4,
                                 num_heads=4, num_kv_heads=2, head_dim=32, max_position_embeddings=1024,
                                 tie_word_embeddings=True, rope_theta=10000.0)

@@ -217,15 +217,15 @@ def random_adapter_for(config, base):
 def test_train_py_trains_only_the_adapter_saves_it_and_resumes(tmp_path):
     """An adapter run on the shipped small-scale model: the checkpoint holds the adapter and its optimizer
     state alone, the base weights never change, workdir/adapter loads onto the base, a rerun resumes."""
-    from configs.base import get_base
     from experiments.small_scale.task import study_splits
+    from sbd_jax.training.config import default_config_dict
     from sbd_jax.training.trainer import Trainer
 
     root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "small_scale", "models", "sbd_arith")
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": p.question, "completion": p.answer}) + "\n"
                             for p in study_splits().train[:200]))
-    cfg = get_base()
+    cfg = default_config_dict()
     cfg.model.name, cfg.data.files, cfg.data.seq_len, cfg.data.workers = root, (str(data),), 64, 0
     cfg.train.steps, cfg.train.batch_size, cfg.checkpoint.every, cfg.mesh = 3, 8, 2, (-1, 1, 1)
     cfg.adapter.rank, cfg.adapter.targets = 2, ("q_proj", "v_proj", "down_proj")

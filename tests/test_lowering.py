@@ -10,13 +10,12 @@ import sys
 import jax
 import pytest
 
-from configs.base import get_base
 from sbd_jax.errors import UserError
 from sbd_jax.lower import lower_decoders, lower_train_step, main
 from sbd_jax.model import sharding
 from sbd_jax.model.attention import compiling_for, target_platform
 from sbd_jax.model.config import ModelConfig
-from sbd_jax.training.config import TrainConfig
+from sbd_jax.training.config import TrainConfig, default_config_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEQ_LEN = 256  # 2L = 512: the training layout's [2L, 2L]; heads x head_dim (256) differs from it
@@ -26,7 +25,7 @@ def _setup(attention: str, block_sizes: tuple[int, int] = (2, 16)):
     """A head_dim-128 model (splash's tile) on the (2, 2, 2) mesh of the 8 simulated devices."""
     architecture = dict(model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512, num_layers=2,
                         num_heads=2, num_kv_heads=2, head_dim=128, eos_token_ids=(1,))
-    cfg = get_base()
+    cfg = default_config_dict()
     cfg.model.architecture = architecture
     cfg.model.attention = attention
     cfg.data.seq_len = SEQ_LEN

@@ -7,18 +7,17 @@ import os
 import pytest
 
 from configs import tiny
-from configs.base import get_base
 from sbd_jax.config_files import load_config_file
 from sbd_jax.errors import UserError
-from sbd_jax.training.config import DataConfig, LoopConfig, ModelToTrain, TrainConfig
+from sbd_jax.training.config import DataConfig, LoopConfig, ModelToTrain, TrainConfig, default_config_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_defaults_and_every_config_file_convert():
-    """The dataclass defaults are the base config's, and every configs/*.py converts (the 8B configs
-    name their model at run time: their ARCHITECTURE stands in)."""
-    base = get_base()
+    """The config dict every file starts from converts back to the dataclass defaults, and every configs/*.py
+    converts (the 8B configs name their model at run time: their ARCHITECTURE stands in)."""
+    base = default_config_dict()
     base.model.name = "smollm2-135m"
     converted = TrainConfig.from_config_dict(base)
     assert converted == TrainConfig(model=ModelToTrain(name="smollm2-135m"))
@@ -76,7 +75,7 @@ def test_a_bad_key_type_or_value_is_named(section, key, value, message):
 
 def test_a_model_must_be_named_or_described():
     with pytest.raises(UserError, match="set config.model.name .* or config.model.architecture"):
-        TrainConfig.from_config_dict(get_base())
+        TrainConfig.from_config_dict(default_config_dict())
 
 
 def test_ints_pass_as_floats_and_lists_as_tuples():

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ml_collections
 
-from configs.base import get_base
 from experiments.small_scale.task import STUDY
-from sbd_jax.training.config import ObjectiveKind, Schedule
+from sbd_jax.training.config import ObjectiveKind, Schedule, default_config_dict
 
 # About 0.8M parameters (13k of them the character embedding): ~0.5 s an SBD step on 2 CPU cores.
 ARCHITECTURE = dict(model_type="llama", hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
@@ -39,7 +38,7 @@ def get_config(variant: str, *, files: tuple[str, ...], tokenizer: str, steps: i
     scratch for `steps`; 'trunk' (NTP + MATP from `ntp_model`, constant learning rate after warmup, for
     `steps`, a checkpoint every `checkpoint_every`); 'ft' (the trunk's checkpoint at 0.9 `steps`, then
     0.1 `steps` of decay: the fine-tune of budget `steps`)."""
-    c = get_base()
+    c = default_config_dict()
     if variant in ("trunk", "ft"):
         c.model.name = ntp_model
         c.optimizer.schedule = Schedule.WSD

@@ -61,10 +61,9 @@ def write_data(out: str, sizes: dict) -> dict:
 def stage_config(stage: int, model: str, train_file: str, sizes: dict):
     """Stage 1: NTP fine-tune of `model`; stage 2: SBD fine-tune of stage 1 (a new mask-token row).
     Float32, unrolled layers, no remat: the fastest settings on a CPU (benchmarks/cpu_train_levers.py)."""
-    from configs.base import get_base
-    from sbd_jax.training.config import ObjectiveKind
+    from sbd_jax.training.config import ObjectiveKind, default_config_dict
 
-    c = get_base()
+    c = default_config_dict()
     c.seed = stage  # stage 2 sees the problems in another order
     c.model.name = model
     c.data.files = (train_file,)

@@ -1,8 +1,10 @@
-"""The training config, typed: frozen dataclasses per section that check their own values.
+"""The training config, typed: frozen dataclasses per section that check their own values, and the one place
+every default is written.
 
-Config files stay `ml_collections` (`configs/*.py`, `--config.train.steps=50` at the command line); the
-trainer converts one once, with `TrainConfig.from_config_dict`, so a misspelt key, a value of the wrong
-type or an impossible combination is a one-line error before any model is loaded or compiled.
+Config files stay `ml_collections` (`configs/*.py`, `--config.train.steps=50` at the command line): each starts
+from `default_config_dict()` (these dataclasses' defaults) and sets only what it changes. The trainer converts
+one once, with `TrainConfig.from_config_dict`, so a misspelt key, a value of the wrong type or an impossible
+combination is a one-line error before any model is loaded or compiled.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from typing import Any
+
+import ml_collections
 
 from sbd_jax.choice import Choice
 from sbd_jax.data.config import DataConfig
@@ -232,6 +236,26 @@ class TrainConfig:
             values = raw.pop(name, {}) or {}
             sections[name] = section(**_typed(section, values, name + "."))
         return cls(**sections, **_typed(cls, raw, "", skip=SECTIONS))
+
+
+def default_config_dict() -> ml_collections.ConfigDict:
+    """Every field of `TrainConfig` at its dataclass default, as the `ConfigDict` a config file starts from and
+    `--config.SECTION.FIELD=VALUE` overrides (a `Choice` as its name; `model.architecture`, None, a dict
+    placeholder)."""
+    config = _defaults(TrainConfig, skip=SECTIONS)
+    for name, section in SECTIONS.items():
+        config[name] = _defaults(section)
+    return config
+
+
+def _defaults(cls: type, skip: dict | None = None) -> ml_collections.ConfigDict:
+    values = ml_collections.ConfigDict()
+    for field in dataclasses.fields(cls):
+        if not skip or field.name not in skip:
+            default = field.default
+            values[field.name] = (ml_collections.config_dict.placeholder(dict) if default is None else
+                                  str(default) if isinstance(default, Choice) else default)
+    return values
 
 
 def _typed(cls: type, values: dict, prefix: str, skip: dict | None = None) -> dict:
