@@ -77,15 +77,14 @@ def compiled_step(config, kind: str, batch_size: int, seq_len: int, block_size: 
     tx, schedule = make_optimizer(OptimizerConfig(lr=1e-4, warmup_steps=1), 1000)
     params, frozen = init_params(config), None
     if adapter:
-        from sbd_jax.checkpoints.adapter import init_adapter
+        from sbd_jax.model.adapter import init_adapter
 
         config = config.replace(adapter=AdapterConfig(rank=16))
-        params, frozen = init_adapter(config, params), params
+        params, frozen = init_adapter(Transformer(config), params), params
     tokens = np.random.RandomState(0).randint(0, config.vocab_size - 1, (batch_size, seq_len)).astype(np.int32)
     batch = Batch(jnp.asarray(tokens), jnp.ones_like(tokens), jnp.asarray(np.arange(seq_len)[None].repeat(batch_size, 0)),
                   jnp.ones(tokens.shape, bool))
-    spec = ObjectiveSpec(kind=kind, mask_id=config.mask_token_id, block_sizes=(2, 16) if block_size is None else None,
-                         adapter=adapter)
+    spec = ObjectiveSpec(kind=kind, mask_id=config.mask_token_id, block_sizes=(2, 16) if block_size is None else None)
     step = functools.partial(train_step, model=Transformer(config, attention=attention, remat=remat), tx=tx,
                              schedule=schedule, spec=spec)
 

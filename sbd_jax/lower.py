@@ -89,11 +89,11 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     cfg = _one_micro_batch(cfg)
     tx, schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
     params = base = jax.eval_shape(lambda: init_params(config))
-    if cfg.adapter.rank:  # a gated adapter trains alone; the base is an input of the step
-        from sbd_jax.checkpoints.adapter import adapter_tree
+    config = config.replace(adapter=cfg.adapter.model_config())
+    if config.adapter:  # a gated adapter trains alone; the base is an input of the step
+        from sbd_jax.model.adapter import adapter_tree
 
-        config = config.replace(adapter=cfg.adapter.model_config())
-        params = jax.eval_shape(lambda key: adapter_tree(config, key), jax.random.key(0))
+        params = jax.eval_shape(lambda key: adapter_tree(Transformer(config), key), jax.random.key(0))
     opt_state = jax.eval_shape(tx.init, params)
     # The state's pytree of shapes and of shardings (its fields are typed as arrays).
     shapes = TrainState(jax.ShapeDtypeStruct((), jnp.int32), params, opt_state)  # type: ignore[arg-type]
@@ -107,7 +107,7 @@ def train_step_inputs(cfg: Any, config: Any, mesh: Any) -> tuple[Any, tuple]:
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     block_size = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
     model = Transformer(config, mesh=mesh, attention=cfg.model.attention, remat=cfg.model.remat)
-    if not cfg.adapter.rank:
+    if not config.adapter:
         return jitted_train_step(cfg, model, tx, schedule, mesh, shardings), (state, batch, rng, block_size)
     frozen_shardings = sharding.param_shardings(base, mesh)
     frozen = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), base, frozen_shardings)

@@ -17,6 +17,7 @@ from sbd_jax.decoding.base import NTPDecoder
 from sbd_jax.decoding.generate import generate
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.errors import UserError
+from sbd_jax.model.adapter import MASK_EMBEDDING, init_adapter, merge
 from sbd_jax.model.config import AdapterConfig, ModelConfig
 from sbd_jax.model.transformer import Transformer, init_params
 from sbd_jax.training.objective import adapter_sbd_loss, sbd_loss
@@ -36,14 +37,14 @@ def base_params():
 
 def random_adapter(base, scale=0.3):
     """An adapter with every value non-zero (B too), so it changes what it touches."""
-    fresh = ad.init_adapter(CFG, base, seed=1)
+    fresh = init_adapter(Transformer(CFG), base, seed=1)
     rng = np.random.default_rng(0)
     return jax.tree.map(lambda x: (scale * rng.standard_normal(x.shape)).astype(np.float32), fresh)
 
 
 def test_positions_before_the_gate_and_ntp_decoding_are_the_base_models_bit_for_bit():
     base = base_params()
-    params = ad.merge(base, random_adapter(base))
+    params = merge(base, random_adapter(base))
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, MASK, (3, 12))).at[:, 8:].set(MASK)
     positions = jnp.broadcast_to(jnp.arange(12), tokens.shape)
     plain, plain_kv = Transformer(BASE).apply({"params": base}, tokens, positions)
@@ -60,7 +61,7 @@ def test_positions_before_the_gate_and_ntp_decoding_are_the_base_models_bit_for_
 
 def test_verified_decoding_with_any_adapter_reproduces_the_base_models_ntp():
     base = base_params()
-    params = ad.merge(base, random_adapter(base))
+    params = merge(base, random_adapter(base))
     reference, _ = generate(NTPDecoder(BASE, max_new_tokens=16), base, PROMPTS)
     for drafts in ("sbd", "hybrid"):
         settings = Settings(mode="sbd", verify=True, drafts=drafts, block_size=4, max_new_tokens=16)
@@ -77,7 +78,7 @@ def batch_of(rows):
 def test_an_identity_adapter_has_exactly_sbds_matp_loss():
     """B = 0 and the mask embedding copied from the base: the two-forward loss is the one-forward MATP term."""
     base = base_params()
-    identity = ad.init_adapter(CFG, base, seed=1)
+    identity = init_adapter(Transformer(CFG), base, seed=1)
     batch = batch_of(np.random.default_rng(2).integers(0, MASK, (4, 24)))
     rng = jax.random.key(7)
     _, full = sbd_loss(base, Transformer(BASE), batch, rng, block_size=4, mask_id=MASK)
@@ -88,7 +89,7 @@ def test_an_identity_adapter_has_exactly_sbds_matp_loss():
                                                 mask_id=MASK)[0])(identity)
     b_norm = sum(float(jnp.abs(g).sum()) for p, g in jax.tree_util.tree_leaves_with_path(grads)
                  if p[-1].key == "b")
-    assert b_norm > 0 and float(jnp.abs(grads[ad.MASK_EMBEDDING]).sum()) > 0
+    assert b_norm > 0 and float(jnp.abs(grads[MASK_EMBEDDING]).sum()) > 0
 
 
 def self_distilled_rows(base, count, length, seed):
@@ -104,7 +105,7 @@ def test_an_adapter_trained_on_the_base_models_outputs_drafts_them_and_ntp_stays
     _, rows = self_distilled_rows(base, 64, 32, seed=0)
     batch = batch_of(rows)
     tx = optax.adam(1e-2)
-    adapter = ad.init_adapter(CFG, base, seed=0)
+    adapter = init_adapter(Transformer(CFG), base, seed=0)
     opt_state = tx.init(adapter)
 
     @jax.jit
@@ -119,7 +120,7 @@ def test_an_adapter_trained_on_the_base_models_outputs_drafts_them_and_ntp_stays
     reference, _ = generate(NTPDecoder(BASE, max_new_tokens=28), base, prompts)
 
     def tokens_per_forward(adapter):
-        results, _ = generate(settings.decoder(CFG), ad.merge(base, adapter), prompts)
+        results, _ = generate(settings.decoder(CFG), merge(base, adapter), prompts)
         assert [r.token_ids for r in results] == [r.token_ids for r in reference]
         return sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results)
 
@@ -146,7 +147,7 @@ def test_save_and_attach_round_trip_and_refuse_the_wrong_base(tmp_path):
     path = saved(tmp_path, base, adapter)
     config, params, _ = ad.attach_adapter(path, BASE.replace(mask_token_id=None), base, NoTokenizer())
     assert config.adapter == CFG.adapter and config.mask_token_id == MASK
-    for (p, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(ad.merge(base, adapter)),
+    for (p, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(merge(base, adapter)),
                               jax.tree_util.tree_leaves_with_path(params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(p))
     scanned, stacked, _ = ad.attach_adapter(path, BASE.replace(scan_layers=True), base, NoTokenizer())
@@ -209,7 +210,7 @@ def test_load_with_an_adapter_from_the_api(tmp_path):
 
 
 def random_adapter_for(config, base):
-    fresh = ad.init_adapter(config, base, seed=1)
+    fresh = init_adapter(Transformer(config), base, seed=1)
     rng = np.random.default_rng(0)
     return jax.tree.map(lambda x: (0.3 * rng.standard_normal(x.shape)).astype(np.float32), fresh)
 
@@ -233,7 +234,7 @@ def test_train_py_trains_only_the_adapter_saves_it_and_resumes(tmp_path):
     frozen_before = jax.tree.map(np.asarray, trainer.frozen)
     rows = trainer.run(until=2)
     assert all(r["ntp_tokens"] == 0 and r["matp_tokens"] > 0 and np.isfinite(r["loss"]) for r in rows)
-    assert set(trainer.state.params) == {ad.MASK_EMBEDDING} | {f"layers_{i}" for i in range(4)}  # the adapter alone
+    assert set(trainer.state.params) == {MASK_EMBEDDING} | {f"layers_{i}" for i in range(4)}  # the adapter alone
     assert set(trainer.state.params["layers_0"]["self_attn"]) == {"q_proj_lora", "v_proj_lora"}
     jax.tree.map(np.testing.assert_array_equal, frozen_before, jax.tree.map(np.asarray, trainer.frozen))
     rows = Trainer(cfg, str(tmp_path / "w")).run()  # resumes at step 2

@@ -1,11 +1,5 @@
-"""The gated adapter: a small set of weights that teaches a frozen model to fill SBD's blocks while every
-other position stays the base model's bit for bit.
-
-The adapter (after "Your LLM Knows the Future", arXiv 2507.11851, gated LoRA) adds `(alpha / rank) B A x`
-to the targeted projections only at a forward's block (masked) positions, and gives the mask token its
-own embedding there (`model.LowRank`, `Transformer.gate_from`). Committed tokens never attend to a block,
-so prefill, the KV cache, NTP decoding and the verifying logits are exactly the base model's, and verified
-decoding reproduces the base model, not a fine-tuned copy of it. Training updates only the adapter.
+"""Gated-adapter files (the adapter itself: `sbd_jax.model.adapter`): writing a trained adapter, and attaching one
+to the base model it was trained on.
 
 On disk an adapter is a directory beside the base model: `adapter.safetensors` (per-layer tensors named
 by their path, e.g. `layers_3/self_attn/q_proj_lora/a`) and `adapter.json` (rank, alpha, targets, the mask
@@ -20,55 +14,19 @@ import os
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from sbd_jax.errors import UserError
+from sbd_jax.model.adapter import adapter_tree, merge
 from sbd_jax.model.config import AdapterConfig, ModelConfig
+from sbd_jax.model.transformer import Transformer
 
 FORMAT = "sbd_jax.adapter/1"
 WEIGHTS, CONFIG = "adapter.safetensors", "adapter.json"
-MASK_EMBEDDING = "adapter_mask_embedding"
 # The base's architecture fields an adapter must match (its shapes and what its positions mean).
 _BASE_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim")
 _KEYS = ("rank", "alpha", "targets", "mask_token_id", "base")  # adapter.json's keys that loading reads
 _BASE_KEYS = (*_BASE_FIELDS, "fingerprint", "mask_token")
-
-
-def split(params: dict) -> tuple[dict, dict]:
-    """(base, adapter) parameter trees of a merged tree."""
-    base, adapter = {}, {}
-    for key, value in params.items():
-        if key == MASK_EMBEDDING or key.endswith("_lora"):
-            adapter[key] = value
-        elif isinstance(value, dict):
-            base[key], inner = split(value)
-            if inner:
-                adapter[key] = inner
-        else:
-            base[key] = value
-    return base, adapter
-
-
-def merge(base: dict, adapter: dict) -> dict:
-    """The base tree with the adapter's subtrees added (neither is changed)."""
-    out = dict(base)
-    for key, value in adapter.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and key in out else value
-    return out
-
-
-def init_adapter(config: ModelConfig, base_params: dict, seed: int = 0) -> dict:
-    """A new adapter for `config.adapter`: random `A`, zero `B` (so the model starts as the base), and the
-    mask token's embedding copied from the base's row for it. The base's own weights are never made anew
-    (only the adapter's subtree leaves the compiled init)."""
-    if config.adapter is None or config.mask_token_id is None:
-        raise UserError("an adapter needs config.adapter and a mask token")
-    fresh = jax.jit(lambda key: adapter_tree(config, key))(jax.random.key(seed))
-    fresh = jax.device_get(fresh)
-    row = np.asarray(base_params["embed_tokens"]["embedding"][config.mask_token_id])
-    fresh[MASK_EMBEDDING] = row.astype(np.asarray(fresh[MASK_EMBEDDING]).dtype)
-    return fresh
 
 
 def fingerprint(params: dict) -> str:
@@ -180,7 +138,7 @@ def attach_adapter(path: str, config: ModelConfig, params: dict, tokenizer: Any)
     config = config.replace(adapter=AdapterConfig(rank=meta["rank"], alpha=meta["alpha"],
                                                   targets=tuple(meta["targets"])))
     per_layer = config.replace(scan_layers=False)  # the file's layout
-    expected = _flat(jax.eval_shape(lambda key: adapter_tree(per_layer, key), jax.random.key(0)))
+    expected = _flat(jax.eval_shape(lambda key: adapter_tree(Transformer(per_layer), key), jax.random.key(0)))
     try:
         with safe_open(os.path.join(path, WEIGHTS), "np") as f:
             found = {name: f.get_tensor(name) for name in f.keys()}
@@ -201,12 +159,3 @@ def attach_adapter(path: str, config: ModelConfig, params: dict, tokenizer: Any)
 
         adapter = stack_layers(adapter, config.num_layers)
     return config, merge(params, adapter), tokenizer
-
-
-def adapter_tree(config: ModelConfig, key: jax.Array) -> dict:
-    """A freshly initialised adapter for `config` (jit it, or `jax.eval_shape` it for its shapes: the base's
-    weights, initialised alongside, are dropped before anything is computed)."""
-    from sbd_jax.model.transformer import Transformer
-
-    tokens = jnp.zeros((1, 1), jnp.int32)
-    return split(Transformer(config, gate_from=0).init(key, tokens, tokens)["params"])[1]

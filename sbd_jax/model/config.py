@@ -51,7 +51,7 @@ ADAPTER_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 @dataclasses.dataclass(frozen=True)
 class AdapterConfig:
-    """A gated low-rank adapter (`sbd_jax.checkpoints.adapter`): `W x + g (alpha / rank) B A x` on the `targets`
+    """A gated low-rank adapter (`sbd_jax.model.adapter`): `W x + g (alpha / rank) B A x` on the `targets`
     projections, `g` = 1 only on the block (noisy) positions of a forward, so every other position is the
     base model's exactly; plus its own embedding of the mask token, used at those positions."""
 
@@ -104,7 +104,7 @@ class ModelConfig:
     dtype: DType = DType.FLOAT32  # activations / matmul inputs
     param_dtype: DType = DType.FLOAT32
     scan_layers: bool = False  # one stacked parameter tree (compiles once for all layers)
-    adapter: AdapterConfig | None = None  # a gated adapter on top of these weights (sbd_jax.checkpoints.adapter)
+    adapter: AdapterConfig | None = None  # a gated adapter on top of these weights (sbd_jax.model.adapter)
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:

@@ -5,7 +5,7 @@ cache (decoding), with the attention among the forward's own tokens given as an 
 (causal, an all-to-all SBD block, or anything `masks.py` builds). The forward never writes the
 cache: it returns the new tokens' K/V and the caller decides what to commit (`kv_cache.append`).
 
-With a gated adapter (`config.adapter`, `sbd_jax.checkpoints.adapter`) the forward's tokens from index `gate_from`
+With a gated adapter (`config.adapter`, `sbd_jax.model.adapter`) the forward's tokens from index `gate_from`
 on (the block: SBD's masked positions) add the adapter's low-rank term to the targeted projections and
 read the adapter's own mask-token embedding; the tokens before it are computed exactly as without it.
 """
@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from sbd_jax.choice import Choice
 from sbd_jax.model import masks
+from sbd_jax.model.adapter import with_low_rank, with_mask_embedding
 from sbd_jax.model.attention import AttentionImpl, attention
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import KVCache, valid_slots
@@ -54,30 +55,9 @@ def _dense(features: int, bias: bool, name: str, cfg: ModelConfig) -> nn.Dense:
                     kernel_init=_init, name=name)
 
 
-class LowRank(nn.Module):
-    """The adapter's `(alpha / rank) B A x` of one projection; `B` starts at zero (the base model)."""
-
-    features: int
-    config: ModelConfig
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        cfg, adapter = self.config, self.config.adapter
-        assert adapter is not None, "LowRank is built only where the config has an adapter"
-        a = self.param("a", nn.initializers.variance_scaling(1 / 3, "fan_in", "uniform"), (x.shape[-1], adapter.rank),
-                       cfg.weights_dtype)
-        b = self.param("b", nn.initializers.zeros, (adapter.rank, self.features), cfg.weights_dtype)
-        low = jnp.einsum("...d,dr->...r", x, a.astype(x.dtype))
-        return jnp.einsum("...r,rf->...f", low, b.astype(x.dtype)) * jnp.asarray(adapter.scale, x.dtype)
-
-
 def _project(x: jax.Array, features: int, bias: bool, name: str, cfg: ModelConfig, gate_from: int | None) -> jax.Array:
-    """`W x` (+ bias); with an adapter on `name`, plus its low-rank term on the tokens from `gate_from` on
-    (the tokens before are left exactly as they are: nothing is added to them, not even a zero)."""
-    y = _dense(features, bias, name, cfg)(x)
-    if gate_from is None or cfg.adapter is None or name not in cfg.adapter.targets:
-        return y
-    return y.at[:, gate_from:].add(LowRank(features, cfg, name=f"{name}_lora")(x[:, gate_from:]))
+    """`W x` (+ bias), with the adapter's term on the tokens from `gate_from` on where it targets `name`."""
+    return with_low_rank(_dense(features, bias, name, cfg)(x), x, name, cfg, gate_from)
 
 
 class Attention(nn.Module):
@@ -198,13 +178,8 @@ class Transformer(nn.Module):
             mask = masks.causal(tokens_BT.shape[1])
         embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_dtype,
                          param_dtype=cfg.weights_dtype, embedding_init=_init, name="embed_tokens")
-        x = embed(tokens_BT)
         gate = self.gate_from if cfg.adapter is not None else None
-        if gate is not None:  # the block's mask tokens read the adapter's embedding of the mask token
-            assert cfg.mask_token_id is not None, "an adapter acts on blocks of mask tokens: the config names one"
-            own = self.param("adapter_mask_embedding", _init, (cfg.hidden_size,), cfg.weights_dtype)
-            is_mask = jnp.equal(tokens_BT[:, gate:], cfg.mask_token_id)[..., None]
-            x = x.at[:, gate:].set(jnp.where(is_mask, own.astype(x.dtype), x[:, gate:]))
+        x = with_mask_embedding(self, embed(tokens_BT), tokens_BT, cfg, gate)
         if cache is not None and cache_mask is None:
             cache_mask = valid_slots(cache)
         cache_kv = None if cache is None else (cache.k, cache.v)

@@ -168,7 +168,7 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AdapterSection:
-    """The gated adapter (`sbd_jax.checkpoints.adapter`): rank 0 (the default) fine-tunes every weight as the paper
+    """The gated adapter (`sbd_jax.model.adapter`): rank 0 (the default) fine-tunes every weight as the paper
     does; rank > 0 freezes the base and trains only a low-rank adapter that acts on block positions."""
 
     rank: int = 0
@@ -180,6 +180,8 @@ class AdapterSection:
         AdapterConfig(rank=max(self.rank, 1), alpha=self.alpha, targets=self.targets)  # its checks, even when off
 
     def model_config(self) -> AdapterConfig | None:
+        """The adapter of the model this run trains (`ModelConfig.adapter`), None for none: the one place a run is
+        told to be an adapter run."""
         return AdapterConfig(rank=self.rank, alpha=self.alpha, targets=self.targets) if self.rank else None
 
 
@@ -216,7 +218,7 @@ class TrainConfig:
         if self.optimizer.decay_steps > self.train.steps:
             raise UserError(f"config optimizer.decay_steps={self.optimizer.decay_steps} must be in [0, train.steps]")
 
-        if self.adapter.rank and self.objective.kind != ObjectiveKind.SBD:
+        if self.adapter.model_config() and self.objective.kind != ObjectiveKind.SBD:
             raise UserError("config adapter.rank > 0 trains SBD's blocks: it needs objective.kind=sbd (an NTP "
                             "adapter would leave the base model's outputs as they are)")
         check_in_range("seed", self.seed, 0, 2**32, why="a 32-bit random seed")

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from sbd_jax.data.packing import Batch
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
+from sbd_jax.model.adapter import merge
 from sbd_jax.model.masks import SBDTrainingMask
 from sbd_jax.model.transformer import Transformer, forward, output_kernel, vocab_logits
 
@@ -175,7 +176,7 @@ def adapter_sbd_loss(
     block_sizes: tuple[int, int] | None = None,
     drafts: DraftTraining = DraftTraining(),
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """SBD's MATP loss for a gated adapter (`sbd_jax.checkpoints.adapter`) on a frozen `base`: gradients reach `adapter` only.
+    """SBD's MATP loss for a gated adapter (`sbd_jax.model.adapter`) on a frozen `base`: gradients reach `adapter` only.
 
     Same noise, layout and attention as `sbd_loss`, run as two forwards: the clean half by the base alone
     (no adapter acts there and nothing trainable reaches it, so it is forward-only: its K/V and hidden
@@ -183,7 +184,6 @@ def adapter_sbd_loss(
     to those K/V as to a cache under the training mask's noisy-to-clean part. The NTP term is the base's
     own and constant, so it is neither computed nor trained (`ntp_loss` reads 0); the loss is `w_matp * MATP`.
     """
-    from sbd_jax.checkpoints.adapter import merge
     from sbd_jax.model.kv_cache import KVCache
 
     seq_len = batch.tokens.shape[1]

@@ -85,7 +85,6 @@ class ObjectiveSpec:
     block_sizes: tuple[int, int] | None = None  # (min, max) of a traced block size; None: a Python int
     end_ids: tuple[int, ...] = ()  # the model's EOS ids: what the noisy half predicts after a document's end
     grad_accum: int = 1  # micro-batches whose gradients are averaged
-    adapter: bool = False  # the state's params are a gated adapter over frozen base weights (adapter_sbd_loss)
     drafts: DraftTraining = DraftTraining()  # what the MATP term aims at beyond the paper's
 
     @classmethod
@@ -94,7 +93,6 @@ class ObjectiveSpec:
         return cls(kind=obj.kind, mask_id=config.mask_token_id or 0, weights=(obj.w_ntp, obj.w_matp),
                    eta_range=(obj.eta_min, obj.eta_max), block_sizes=(obj.block_size_min, obj.block_size_max),
                    end_ids=tuple(config.eos_token_ids or ()), grad_accum=cfg.train.grad_accum,
-                   adapter=cfg.adapter.rank > 0,
                    drafts=DraftTraining(obj.full_mask_share, obj.position_decay, obj.soft_target))
 
 
@@ -104,11 +102,12 @@ def train_step(state: TrainState, batch: Batch, rng: jax.Array, block_size: Any,
     """One optimizer step; the batch is split into `spec.grad_accum` micro-batches whose grads are averaged.
 
     `block_size`: a Python int (a step for that size) or a traced int32 scalar in `spec.block_sizes`
-    (min, max): one compiled step for every size. `frozen`: with `spec.adapter`, the base weights the
-    adapter in `state.params` sits on (an input, never updated: no gradient and no optimizer state).
+    (min, max): one compiled step for every size. `frozen`: when the model's config has an adapter (an adapter
+    run), the base weights the adapter in `state.params` sits on (an input, never updated: no gradient and no
+    optimizer state).
     """
     def loss_fn(params, micro, micro_rng):
-        if spec.adapter:
+        if model.config.adapter is not None:
             return adapter_sbd_loss(params, frozen, model, micro, micro_rng, block_size=block_size,
                                     mask_id=spec.mask_id, w_matp=spec.weights[1], eta_range=spec.eta_range,
                                     end_ids=spec.end_ids, block_sizes=spec.block_sizes, drafts=spec.drafts)

@@ -21,12 +21,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.checkpoints.adapter import fingerprint, init_adapter, save_adapter
+from sbd_jax.checkpoints.adapter import fingerprint, save_adapter
 from sbd_jax.checkpoints.load import load_model, resolve
 from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.data import streaming
 from sbd_jax.errors import UserError
 from sbd_jax.model import sharding
+from sbd_jax.model.adapter import init_adapter
 from sbd_jax.model.config import DType, ModelConfig, RopeScaling
 from sbd_jax.model.mask_token import setup_mask_token
 from sbd_jax.model.transformer import Transformer, init_params
@@ -95,17 +96,18 @@ class Trainer:
         if micro % batch_ways:
             raise UserError(f"micro-batch {micro} (batch_size / grad_accum) is not divisible by the "
                             f"{batch_ways} data x fsdp devices of mesh {tuple(self.mesh.shape.values())}")
+        # An adapter run is one whose model config has the adapter (`self.config.adapter`): the one flag of it.
         self.config, params, self.tokenizer = self._model()
-        base_fingerprint = fingerprint(params) if cfg.adapter.rank else ""  # the user's weights, as loaded
+        self.config = self.config.replace(adapter=cfg.adapter.model_config())
+        base_fingerprint = fingerprint(params) if self.config.adapter else ""  # the user's weights, as loaded
         if cfg.objective.kind == ObjectiveKind.SBD:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
         self.frozen: Any = None  # an adapter run's base weights: an input of every step, never trained
-        if cfg.adapter.rank:
-            self.config = self.config.replace(adapter=cfg.adapter.model_config())
+        if self.config.adapter:
             self.base = {"name": cfg.model.name, "fingerprint": base_fingerprint, "mask_token": cfg.data.mask_token}
             self.frozen = jax.device_put(params, sharding.param_shardings(params, self.mesh))
-            params = init_adapter(self.config, params, cfg.seed)
+            params = init_adapter(Transformer(self.config), params, cfg.seed)
         self.iterator = streaming.host_batches(
             cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed,
             host=jax.process_index(), hosts=jax.process_count())
@@ -130,7 +132,7 @@ class Trainer:
         if self._step is not None:
             return self._step, 0.0
         began = time.perf_counter()
-        frozen = None if self.frozen is None else jax.tree.map(lambda x: x.sharding, self.frozen)
+        frozen = jax.tree.map(lambda x: x.sharding, self.frozen) if self.config.adapter else None
         step = jitted_train_step(self.cfg, self.model, self.tx, self.schedule, self.mesh,
                                  jax.tree.map(lambda x: x.sharding, self.state), frozen)
         self._step = step.lower(*example).compile()
@@ -177,7 +179,7 @@ class Trainer:
                 batch = global_batch(host_batch, self.mesh)
                 rng = jax.random.fold_in(jax.random.key(self.cfg.seed), step)
                 block_size = jax.device_put(jnp.int32(k), sharding.replicated(self.mesh))
-                inputs = (self.state, batch, rng, block_size) + (() if self.frozen is None else (self.frozen,))
+                inputs = (self.state, batch, rng, block_size) + ((self.frozen,) if self.config.adapter else ())
                 compiled, compile_seconds = self.compiled_step(inputs)
                 self.state, metrics = compiled(*inputs)
                 stop.unsaved = True
@@ -208,7 +210,7 @@ class Trainer:
             raise Stopped(f"stopped by {stop.signal} after step {stopped_at} of {total}: its checkpoint is saved "
                           f"in {self.workdir}; run the same command again to continue")
         if self.cfg.export_hf and end == total:
-            self.export(os.path.join(self.workdir, "adapter" if self.frozen is not None else "hf"))
+            self.export(os.path.join(self.workdir, "adapter" if self.config.adapter else "hf"))
         return logged
 
     def _flops_per_step(self) -> float:
@@ -216,7 +218,7 @@ class Trainer:
         not for a gated adapter's)."""
         shape = shape_of(self.config)
         per_token = training_flops_per_token(shape, self.cfg.objective.kind == ObjectiveKind.SBD,
-                                             adapter=self.frozen is not None)
+                                             adapter=self.config.adapter is not None)
         return per_token * self.cfg.train.batch_size * self.cfg.data.seq_len
 
     def export_checkpoint(self, step: int, path: str) -> None:
@@ -230,7 +232,7 @@ class Trainer:
         sharded across hosts); process 0 writes, one safetensors file at a time."""
         from sbd_jax.checkpoints.hf import save_hf
 
-        if self.frozen is not None:
+        if self.config.adapter:
             from jax.experimental import multihost_utils
 
             adapter = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)),
