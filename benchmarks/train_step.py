@@ -138,7 +138,8 @@ def step_report(name, config, batch_size, seq_len, repeats) -> dict:
         row[f"{key}_memory_gib"] = compiled_memory_gib(step)
     for kind in (ntp, sbd):
         row[f"{kind}_tokens_per_s"] = batch_size * seq_len / row[f"{kind}_step_s"]
-        row[f"{kind}_model_gflops"] = training_flops_per_token(shape_of(config), kind == sbd) * batch_size * seq_len / 1e9
+        flops = training_flops_per_token(shape_of(config), kind == sbd)
+        row[f"{kind}_model_gflops"] = flops * batch_size * seq_len / 1e9
     row["sbd_over_ntp_time"] = row["sbd_step_s"] / row["ntp_step_s"]
     row["sbd_over_ntp_time_pairwise_median"] = statistics.median(
         s / n for s, n in zip(times["sbd"][1:], times["ntp"][1:]))

@@ -30,6 +30,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from recipes.smollm2_sbd.distill import repeats_a_window
 from sbd_jax.evaluation.scoring import first_difference
+from sbd_jax.model.config import RUN_DTYPES, backend_dtype
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -288,7 +289,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, partial: bool = False) 
                         "(a rerun resumes)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on GPU/TPU, float32 on CPU")
+    parser.add_argument("--dtype", default=None, choices=RUN_DTYPES,
+                        help="default: bfloat16 on GPU/TPU, float32 on CPU")
     if partial:
         parser.add_argument("--prompts", type=int, default=None, help="each split's first N prompts or problems "
                             "(default: all)")
@@ -304,7 +306,7 @@ def models_and_prompts(args: argparse.Namespace, splits: Sequence[str], limit: i
     from sbd_jax.checkpoints.adapter import CONFIG
     from sbd_jax.data.jsonl import iter_jsonl
 
-    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    dtype = args.dtype or backend_dtype(jax.default_backend())
     prompts = {}
     for split in splits:
         if split == "humaneval":
