@@ -78,8 +78,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "
                    "the pass grows to (2 + N) k tokens (nearly free on a GPU, about proportional on a CPU)")
     p.add_argument("--adapter", default=None,
-                   help="a gated adapter directory (train.py with adapter.rank > 0 writes workdir/adapter) for this "
-                        "base model: NTP stays the base's exactly, SBD's blocks use the adapter")
+                   help="a gated adapter for this base model: a shipped adapter's name (smollm2-135m-sbd, for "
+                        "smollm2-135m) or a directory (train.py with adapter.rank > 0 writes workdir/adapter); NTP "
+                        "stays the base's exactly, SBD's blocks use the adapter")
     p.add_argument("--mask-token-id", type=int, default=None,
                    help="SBD: mask token id, for models whose config.json does not set sbd_mask_token_id; "
                    "every mode then never emits it (so --mode ntp and --verify compare exactly)")

@@ -104,9 +104,10 @@ def load(model: str = "smollm2-135m", *, dtype: str = DType.FLOAT32, mask_token_
     """Loads a model by known name (`smollm2-135m`), Hugging Face directory or .gguf file.
 
     `mask_token_id` sets the mask token of a model whose config does not (SBD needs one); every mode
-    then never emits it, so NTP and verified SBD compare exactly. `adapter`: a gated adapter's directory
-    (`train.py` with `adapter.rank > 0` writes `workdir/adapter`), checked against this base; NTP stays
-    the base model's exactly, and SBD's blocks use the adapter."""
+    then never emits it, so NTP and verified SBD compare exactly. `adapter`: a gated adapter, by the name of one
+    shipped in the package (`smollm2-135m-sbd` for `smollm2-135m`; `checkpoints.load.KNOWN_ADAPTERS`) or its
+    directory (`train.py` with `adapter.rank > 0` writes `workdir/adapter`), checked against this base; NTP
+    stays the base model's exactly, and SBD's blocks use the adapter."""
     from sbd_jax.checkpoints.load import load_model
 
     loaded = load_model(model, dtype=dtype)

