@@ -27,6 +27,7 @@ from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.generate import BatchTiming, batch_seed, check_seed
 from sbd_jax.decoding.settings import MODES
 from sbd_jax.decoding.token_choice import Proxy
+from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES
 from sbd_jax.errors import PromptError, UserError
 from sbd_jax.model.config import RUN_DTYPES, DType
 
@@ -63,18 +64,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="with --verify: what proposes the drafts. One chain a pass: sbd (the masked block; needs an "
                    "SBD fine-tune), lookup (what followed the latest earlier occurrence of the last 1-4 tokens in "
                    "prompt + output: any model, no fine-tune) or hybrid (per row, whichever has had more drafts kept). "
-                   "A tree a pass (any model, --draft-nodes candidates, block size - 1 deep): context-tree (every "
-                   "recent earlier match), successors (the model's own top-k next tokens, kept from every pass) or "
-                   "tree (both)")
-    p.add_argument("--draft-nodes", type=int, default=16, metavar="N",
+                   "A tree a pass (--draft-nodes candidates, block size - 1 deep): context-tree (every "
+                   "recent earlier match), successors (the model's own top-k next tokens, kept from every pass), "
+                   "tree (both) or sbd-tree (the masked block's likeliest tokens at each position; needs an SBD "
+                   "fine-tune)")
+    p.add_argument("--draft-nodes", type=draft_nodes_arg, default=DEFAULT_DRAFT_NODES, metavar="N|auto",
                    help="tree drafts: candidate tokens checked a pass besides the exact one (wider passes cost more "
-                   "on a CPU, about the same on a GPU at small batch: benchmarks/tree_decode.py measures both)")
+                   "on a CPU, about the same on a GPU at small batch: benchmarks/tree_decode.py measures both). "
+                   f"auto: up to {AUTO_DRAFT_NODES}, each pass at the width with the most expected tokens per second "
+                   "on pass costs timed here at the batch size decoded")
     p.add_argument("--lookup-min-match", type=int, default=1, metavar="N",
                    help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs more than a 1-token "
                    "one (benchmarks/results/lookup_decode_speed_run4_cpu.json); 1 (most tokens per forward) on GPUs")
     p.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
-                   help="sbd / hybrid drafts: N more masked blocks in each pass, one after each of the first N places "
+                   help="sbd / hybrid / sbd-tree drafts: N more masked blocks in each pass, one after each of the first N places "
                    "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "
                    "the pass grows to (2 + N) k tokens (nearly free on a GPU, about proportional on a CPU)")
     p.add_argument("--adapter", default=None,
@@ -93,6 +97,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     p.add_argument("--show-passes", action="store_true", help="colour each token by the pass that revealed it")
     return p.parse_args(argv)
+
+
+AUTO_DRAFT_NODES = 32  # --draft-nodes auto: the widest tree it may run
+
+
+def draft_nodes_arg(text: str) -> int | str:
+    return "auto" if text == "auto" else block_size_arg(text)
 
 
 def block_size_arg(text: str) -> int | str:
@@ -179,7 +190,8 @@ def main(argv: list[str]) -> None:
     settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
                         verify=args.verify, drafts=args.drafts, lookup_min_match=args.lookup_min_match,
-                        fallback_blocks=args.fallback_blocks, draft_nodes=args.draft_nodes,
+                        fallback_blocks=args.fallback_blocks,
+                        draft_nodes=AUTO_DRAFT_NODES if args.draft_nodes == "auto" else args.draft_nodes,
                         temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load
     model = load(args.model, dtype=args.dtype, mask_token_id=args.mask_token_id, adapter=args.adapter)
@@ -190,6 +202,10 @@ def main(argv: list[str]) -> None:
         print(f"[--block-size auto at batch {batch}: {choice.describe()}]", file=sys.stderr)
         settings = (settings.as_ntp() if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))
+    if args.draft_nodes == "auto" and settings.drafts.is_tree and not settings.drafts.reads_masked_block:  # timed on the first batch, at its size
+        settings = model.with_measured_widths(texts[:batch], batch, settings, chat=args.chat)
+        print(f"[--draft-nodes auto at batch {batch}: pass costs {', '.join(f'{w}: {s * 1e3:.1f} ms' for w, s in settings.pass_costs)}]",
+              file=sys.stderr)
     results, timings = [], []
     for i, start in enumerate(range(0, len(texts), batch)):  # each batch written as it finishes
         with naming_prompts(sources, start):

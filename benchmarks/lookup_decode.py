@@ -147,10 +147,11 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
 
 
 def arithmetic_rows(args) -> list[dict]:
-    from sbd_jax.decoding.verified import CHAIN_SOURCES
+    from sbd_jax.decoding.drafts import Drafts
 
     model, prompts, reference = arithmetic_problems(args)
-    return draft_source_rows(model, prompts, reference, args.block_sizes, CHAIN_SOURCES, 72, 64)
+    chains = (Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID)
+    return draft_source_rows(model, prompts, reference, args.block_sizes, chains, 72, 64)
 
 
 def arithmetic_problems(args):

@@ -7,7 +7,7 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
 
 - validation: the recipe's first `--valid` validation prompts, 128 new tokens, greedy: chain lookup and each
   tree source at several node counts (depth `--depth`), for choosing a source, a node count and the context
-  match's score (`sbd_jax.decoding.drafts.CONTEXT_KEEP`). Never the test prompts.
+  match's score (`sbd_jax.decoding.context_drafts.CONTEXT_KEEP`). Never the test prompts.
 - forwards: the 200 held-out test prompts and 164 HumanEval problems of `recipes/smollm2_sbd`, 256 new tokens:
   tokens per forward, and outputs against the committed base NTP outputs (the same ones `lookup_decode` uses).
 - speed: decode tokens/s at batch 1 (`--batch1-prompts` test prompts, one at a time) and batch 8 (16 prompts):

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -88,6 +89,17 @@ class SBDModel:
         settings = settings_of(settings, options, mode="sbd", verify=True)
         return measure_block_choice(self, self.encode_batch(prompts, chat), batch, block_sizes,
                                     settings.max_new_tokens, calibration_tokens, verified=settings)
+
+    def with_measured_widths(self, prompts: str | Sequence[str], batch: int, settings: Settings, *,
+                             chat: bool = False) -> Settings:
+        """`settings` (tree drafts) with the cost of each pass width timed here at `batch` rows, in the cache a
+        decode of `prompts` gets: each pass then runs the width with the most expected tokens per second
+        (`sbd_jax.decoding.tree_width`; what `--draft-nodes auto` does)."""
+        from sbd_jax.decoding.tree_width import measure_pass_costs
+
+        costs = measure_pass_costs(self, self.encode_batch(prompts, chat)[:batch], batch, settings.max_new_tokens,
+                                   settings.draft_nodes)
+        return dataclasses.replace(settings, pass_costs=costs)
 
 
 def settings_of(settings: Settings | None, options: dict[str, Any], **implied: Any) -> Settings:

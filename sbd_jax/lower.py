@@ -171,7 +171,7 @@ def lower_decoders(config: Any, platform: str, batch: int, prompt_len: int, max_
                                      params, prompts, lengths)
         for name, decoder in decoders.items():
             exported = jax.export.export(type(decoder).decode, platforms=(platform,))(
-                decoder, params, cache, last, rng, knobs)
+                decoder, params, cache, last, rng, knobs, prompts, lengths)
             out.append(describe(f"decode_{name}", platform, exported))
     return out
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.chain_drafts import sbd_preferred
 from sbd_jax.decoding.generate import generate
 from sbd_jax.decoding.lookup import lookup_drafts, lookup_once, replay_lookup
 from sbd_jax.decoding.settings import Settings
-from sbd_jax.decoding.verified import VerifiedSBDDecoder, sbd_preferred
+from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
 from tests.test_verify import PROMPTS, model
 
@@ -42,7 +43,8 @@ def test_lookup_proposes_what_followed_the_latest_longest_match():
 
 
 @pytest.mark.parametrize("name, drafts, k, min_match", [
-    ("llama", "lookup", 1, 1), ("llama", "lookup", 4, 1), ("qwen3", "lookup", 8, 1), ("llama", "hybrid", 4, 1),
+    ("llama", "lookup", 1, 1), ("llama", "lookup", 4, 1), ("qwen3", "lookup", 8, 1), ("llama", "hybrid", 1, 1),
+    ("llama", "hybrid", 4, 1),
     ("qwen3", "hybrid", 8, 1),
     ("llama", "lookup", 4, 2), ("qwen3", "hybrid", 8, 2)])  # passes without drafts: one-token passes
 def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k, min_match):
@@ -67,8 +69,8 @@ def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k, min_match):
 class AlwaysWide(VerifiedSBDDecoder):
     """Runs every pass k tokens wide, drafts or not."""
 
-    def verify_pass(self, params, cache, pending_BK, any_drafts):
-        return super().verify_pass(params, cache, pending_BK, jnp.bool_(True))
+    def width_choice(self, tree, live_B):
+        return jnp.int32(len(self.pass_widths) - 1)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -116,11 +118,11 @@ def test_lookup_needs_no_mask_token_and_the_block_sources_say_so():
     (dict(mode="sbd", verify=True, lookup_min_match=2), r"drafts that search the context \(lookup, hybrid, "),
     (dict(mode="sbd", verify=True, fallback_blocks=-1), "fallback_blocks=-1 must be a whole number >= 0"),
     (dict(mode="sbd", verify=True, fallback_blocks=True), "fallback_blocks=True must be a whole number >= 0"),
-    (dict(mode="sbd", verify=True, drafts="lookup", fallback_blocks=2), "use them with drafts 'sbd' or 'hybrid'"),
+    (dict(mode="sbd", verify=True, drafts="lookup", fallback_blocks=2), "use them with drafts 'sbd', 'hybrid', 'sbd-tree'"),
     (dict(mode="sbd", fallback_blocks=2), r"add verify \(--mode sbd --verify\)"),
     (dict(mode="sbd", verify=True, drafts="tree", block_size=1), "form trees block_size - 1 deep"),
     (dict(mode="sbd", verify=True, drafts="successors", draft_nodes=0), r"draft_nodes=0 must be >= 1"),
-    (dict(mode="sbd", verify=True, drafts="successors", fallback_blocks=1), "use them with drafts 'sbd' or 'hybrid'"),
+    (dict(mode="sbd", verify=True, drafts="successors", fallback_blocks=1), "use them with drafts 'sbd', 'hybrid', 'sbd-tree'"),
     (dict(mode="sbd", verify=True, drafts="lookup", draft_nodes=8), "sizes the trees of tree drafts"),
     (dict(mode="sbd", verify=True, drafts="tree", draft_nodes=4, pass_costs=((1, 0.1), (8, 0.2))),
      r"pass widths \(1, 8\) must be distinct, increasing and from 1 to 1 \+ draft_nodes"),

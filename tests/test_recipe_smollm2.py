@@ -167,14 +167,14 @@ def test_cached_hybrid_entries_are_keyed_by_the_rule_that_chose_their_drafts(tmp
 
     import numpy as np
 
-    import sbd_jax.decoding.verified as verified
+    import sbd_jax.decoding.chain_drafts as chain_drafts
     from recipes.smollm2_sbd.eval import Evaluations, Prompt, drafts_setting
 
     models = {"tuned": SimpleNamespace(params={"a": np.zeros(2, np.float32)})}
     evaluations = Evaluations(str(tmp_path / "e.json"), models, {"valid": [Prompt("q")]}, 8, 1)
     hybrid, lookup = evaluations.key("tuned", drafts_setting(8, "hybrid"), "valid"), \
         evaluations.key("tuned", drafts_setting(8, "lookup"), "valid")
-    monkeypatch.setattr(verified, "HYBRID_RULE", "another rule")
+    monkeypatch.setattr(chain_drafts, "HYBRID_RULE", "another rule")
     assert evaluations.key("tuned", drafts_setting(8, "hybrid"), "valid") != hybrid  # greedy outputs alike, forwards not
     assert evaluations.key("tuned", drafts_setting(8, "lookup"), "valid") == lookup  # lookup has no rule to change
 

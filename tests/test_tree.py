@@ -6,16 +6,16 @@ node that sees a non-ancestor) that the same checks catch."""
 import dataclasses
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from sbd_jax.decoding import tree as trees
 from sbd_jax.decoding.base import NTPDecoder
-from sbd_jax.decoding.drafts import ContextTrie, Mixed, Successors
+from sbd_jax.decoding.chain_drafts import SBDBlock
+from sbd_jax.decoding.context_drafts import ContextTrie, Mixed, Successors
 from sbd_jax.decoding.generate import generate
-from sbd_jax.decoding.tree_verified import TreeVerifiedDecoder
+from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import append
 from sbd_jax.model.transformer import Transformer, forward, init_params
@@ -42,7 +42,7 @@ def candidates(paths, scores):
     depth = max(map(len, paths))
     padded = [list(p) + [0] * (depth - len(p)) for p in paths]
     return trees.Candidates(paths=jnp.asarray([padded], jnp.int32), depths=jnp.asarray([[len(p) for p in paths]]),
-                            scores=jnp.asarray([scores], jnp.float32))
+                            scores=jnp.asarray([scores], jnp.float32), from_context=jnp.zeros((1, len(paths)), bool))
 
 
 def test_build_tree_merges_duplicates_and_ranks_parents_before_children():
@@ -74,8 +74,8 @@ def ntp_outputs(prompts, max_new):
                                           params(), prompts)[0]]
 
 
-def tree_decoder(source, nodes=6, widths=(), costs=(), max_new=24, cls=TreeVerifiedDecoder, **kw):
-    return cls(CFG, max_new_tokens=max_new, eos_ids=CFG.eos_token_ids, source=source, draft_nodes=nodes,
+def tree_decoder(source, nodes=6, widths=(), costs=(), max_new=24, cls=VerifiedSBDDecoder, **kw):
+    return cls(CFG, max_new_tokens=max_new, eos_ids=CFG.eos_token_ids, drafts=source, draft_nodes=nodes,
                widths=widths, costs=costs, **kw)
 
 
@@ -96,8 +96,8 @@ def test_greedy_tree_decoding_is_ntp_alone_and_in_a_batch(name, nodes, widths, c
 def test_eos_inside_a_tree_ends_the_row_there():
     eos_cfg = dataclasses.replace(CFG, eos_token_ids=(int(ntp_outputs(PROMPTS[:1], 6)[0][3]),))
     ntp = generate(NTPDecoder(eos_cfg, max_new_tokens=24, eos_ids=eos_cfg.eos_token_ids), params(), PROMPTS)[0]
-    decoder = TreeVerifiedDecoder(eos_cfg, max_new_tokens=24, eos_ids=eos_cfg.eos_token_ids,
-                                  source=SOURCES["mixed"], draft_nodes=8)
+    decoder = VerifiedSBDDecoder(eos_cfg, max_new_tokens=24, eos_ids=eos_cfg.eos_token_ids,
+                                  drafts=SOURCES["mixed"], draft_nodes=8)
     assert [g.token_ids for g in generate(decoder, params(), PROMPTS)[0]] == [g.token_ids for g in ntp]
 
 
@@ -109,7 +109,9 @@ def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_plain_forward_woul
     cache, root = decoder.prefill(params(), jnp.asarray([prompt]), jnp.asarray([len(prompt)]), capacity=32)
     tree = trees.build_tree(candidates([[wrong[0]], [a], [a, wrong[1]], [a, b], [a, b, wrong[2]]],
                                        [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
-    chosen, _, _, kv = decoder.tree_pass(params(), cache, root, tree, jax.random.key(0))
+    widest = jnp.int32(len(decoder.pass_widths) - 1)
+    logits, _, kv = decoder.run_pass(params(), cache, root, tree, jnp.zeros((1, 0), jnp.int32), widest)
+    chosen = jnp.argmax(logits, axis=-1)
     w = decoder.walk(tree, chosen, 3)
     assert int(w.accepted[0]) == 2 and np.asarray(w.emitted)[0, :3].tolist() == [a, b, c]
     kept = append(cache, decoder.path_kv(kv.k, w.path), decoder.path_kv(kv.v, w.path), w.accepted + 1)
@@ -121,7 +123,7 @@ def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_plain_forward_woul
     np.testing.assert_allclose(np.asarray(kept.v[:, :, :n]), np.asarray(ref.v), atol=1e-5)
 
 
-class DescendsWithoutTheTarget(TreeVerifiedDecoder):
+class DescendsWithoutTheTarget(VerifiedSBDDecoder):
     @staticmethod
     def walk(tree, chosen, max_depth):  # takes the first child as if the target had chosen it
         first_child = jnp.where(tree.present & (tree.parents == 0), tree.tokens, -1).max(axis=1)
@@ -129,13 +131,13 @@ class DescendsWithoutTheTarget(TreeVerifiedDecoder):
                           max_depth)
 
 
-class KeepsASibling(TreeVerifiedDecoder):
+class KeepsASibling(VerifiedSBDDecoder):
     @staticmethod
     def path_kv(kv, path):  # the node after each kept one in pass order instead
         return trees.kept_kv(kv, jnp.where(path > 0, jnp.minimum(path + 1, kv.shape[2] - 1), 0))
 
 
-class SeesEveryEarlierNode(TreeVerifiedDecoder):
+class SeesEveryEarlierNode(VerifiedSBDDecoder):
     @staticmethod
     def attention_mask(tree, max_depth):
         n = tree.tokens.shape[1] + 1
@@ -149,11 +151,13 @@ def test_the_greedy_check_rejects_an_inexact_tree_verifier(broken):
     assert outputs != expected
 
 
-@pytest.mark.parametrize("name,temperature,top_p", [("successors", 1.0, 1.0), ("mixed", 0.7, 0.9)])
+@pytest.mark.parametrize("name,temperature,top_p", [("successors", 1.0, 1.0), ("mixed", 0.7, 0.9),
+                                                    ("sbd-tree", 1.0, 1.0)])
 def test_tree_sampling_draws_from_ntp_distribution(name, temperature, top_p):
-    source = {"successors": Successors(depth=2, beam=3), "mixed": Mixed((ContextTrie(depth=2), Successors(depth=2)))}
-    decoder = TreeVerifiedDecoder(sampling.CFG, max_new_tokens=sampling.NEW, temperature=temperature, top_p=top_p,
-                                  source=source[name], draft_nodes=4)
+    source = {"successors": Successors(depth=2, beam=3), "mixed": Mixed((ContextTrie(depth=2), Successors(depth=2))),
+              "sbd-tree": SBDBlock(3, fallback_blocks=1, top_k=2)}
+    decoder = VerifiedSBDDecoder(sampling.CFG, max_new_tokens=sampling.NEW, temperature=temperature, top_p=top_p,
+                                  drafts=source[name], draft_nodes=4)
     counts, results = sampling.sampled_joint(decoder, seed=5)
     probs = sampling.ntp_joint(temperature, top_p)
     assert sum(r.accepted for r in results) > 0.02 * sampling.ROWS  # the trees kept candidates
@@ -163,7 +167,7 @@ def test_tree_sampling_draws_from_ntp_distribution(name, temperature, top_p):
 
 def test_the_distribution_test_rejects_a_walk_without_the_target():
     decoder = DescendsWithoutTheTarget(sampling.CFG, max_new_tokens=sampling.NEW, temperature=1.0,
-                                       source=Successors(depth=2, beam=3), draft_nodes=4)
+                                       drafts=Successors(depth=2, beam=3), draft_nodes=4)
     counts, _ = sampling.sampled_joint(decoder, seed=5)
     assert sampling.chi_square_p(counts, sampling.ntp_joint(1.0, 1.0)) < 1e-6
 
@@ -180,9 +184,9 @@ def test_context_trie_scores_each_node_by_the_share_of_matches_through_it():
 
 def test_successors_keep_the_latest_top_tokens_of_present_pass_tokens_only():
     source = Successors(depth=2)
-    state = source.init(1, 16)
+    state = source.init(1, 16, False)
     top = jnp.arange(2 * 8).reshape(1, 2, 8) % 16
-    state = source.observe(state, jnp.asarray([[3, 5]]), jnp.asarray([[True, False]]), top,
+    state = source.harvest(state, jnp.asarray([[3, 5]]), jnp.asarray([[True, False]]), top,
                            jnp.full((1, 2, 8), 0.1))
     assert np.asarray(state[0])[3].tolist() == list(range(8)) and not np.asarray(state[0])[5].any()
 
@@ -191,3 +195,32 @@ def test_a_node_whose_parent_is_absent_is_absent_too():
     # a caller that scores a child above its parent: [5, 6] ranks first with its parent [5] cut off
     t = trees.build_tree(candidates([[5], [5, 6]], [0.4, 0.5]), 1)
     assert not np.asarray(t.present).any()
+
+
+@pytest.mark.parametrize("k, fallback", [(8, 0), (8, 3)])
+def test_sbd_block_tree_is_ntp_and_keeps_more_than_the_chain_on_the_trained_model(k, fallback):
+    """DDTree's tree from the masked block's per-position top tokens (SBD's own model: the arithmetic study's),
+    blocks after the most likely path and along it: NTP's output, and here (drafts mostly right) no more forwards
+    than the chain."""
+    from tests.test_verify import trained_arithmetic_model
+
+    cfg, weights, prompts = trained_arithmetic_model()
+    common = dict(max_new_tokens=40, eos_ids=cfg.eos_token_ids, block_size=k, fallback_blocks=fallback)
+    expected = generate(NTPDecoder(cfg, max_new_tokens=40, eos_ids=cfg.eos_token_ids), weights, prompts)[0]
+    chain = generate(VerifiedSBDDecoder(cfg, drafts="sbd", **common), weights, prompts)[0]
+    tree = generate(VerifiedSBDDecoder(cfg, drafts="sbd-tree", draft_nodes=16, **common), weights, prompts)[0]
+    assert [g.token_ids for g in tree] == [g.token_ids for g in chain] == [g.token_ids for g in expected]
+    assert sum(g.accepted for g in tree) > 0.5 * sum(len(g.token_ids) for g in tree)
+    assert sum(g.nfe for g in tree) <= sum(g.nfe for g in chain)
+
+
+def test_sbd_tree_blocks_go_after_the_most_likely_path_and_along_it():
+    from sbd_jax.decoding.chain_drafts import BlockDrafts, SBDBlock
+
+    source = SBDBlock(4, fallback_blocks=2, top_k=2)  # depth 3, 3 blocks
+    # per depth, the top two tokens: 5 then 4; 6 then 2; 1 then 3
+    state = BlockDrafts(tokens=jnp.asarray([[[5, 4], [6, 2], [1, 3]]]), chances=jnp.ones((1, 3, 2)),
+                        holds=jnp.asarray([True]), dists=jnp.zeros((1, 3, 0)))
+    t = trees.build_tree(candidates([[4], [5], [5, 2], [5, 6], [4, 6]], [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
+    # pass order: root, 4, 5, 2 (under 5), 6 (under 5), 6 (under 4): the most likely path 5, 6 ends at pass index 4
+    assert np.asarray(source.anchors(t, state))[0].tolist() == [4, 0, 2]

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from sbd_jax.decoding.chain_drafts import SBDBlock
 from sbd_jax.decoding.generate import generate
 from sbd_jax.decoding.token_choice import sampling_logits, without_token
 from sbd_jax.decoding.verified import VerifiedSBDDecoder
@@ -100,8 +101,8 @@ class ReplacesFromP(VerifiedSBDDecoder):
         return accepted, jax.random.categorical(token_rng, after, axis=-1).astype(jnp.int32)
 
 
-def decoder(kind, temperature, top_p, block_size=3):
-    return kind(CFG, max_new_tokens=NEW, block_size=block_size, temperature=temperature, top_p=top_p)
+def decoder(kind, temperature, top_p, block_size=3, **kw):
+    return kind(CFG, max_new_tokens=NEW, block_size=block_size, temperature=temperature, top_p=top_p, **kw)
 
 
 @pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.8)])
@@ -133,24 +134,25 @@ Q_TABLE = _tables.normal(size=(VOCAB, 8, VOCAB)) * 2.5  # q(token | last pending
 @dataclasses.dataclass(frozen=True)
 class HandMadeLogits(VerifiedSBDDecoder):
     """The real pass (its K/V fill the cache) with its logits replaced: p from the last token and its
-    position (a Markov chain NTP samples exactly from), q from the last pending token and the block position."""
+    position (a Markov chain NTP samples exactly from), q from the last chain token and the block position."""
 
-    def first_pass(self, params, cache, pending_BK, pending_count_B, block_BK, causal_logits, fallback_blocks=0):
-        assert fallback_blocks == 0  # q here is the block's after every pending token
-        _, _, kv = super().first_pass(params, cache, pending_BK, pending_count_B, block_BK, causal_logits)
-        j = jnp.arange(self.block_size)
-        p = jnp.asarray(P_TABLE, jnp.float32)[pending_BK, cache.lengths[:, None] + j]
-        last = jnp.take_along_axis(pending_BK, (pending_count_B - 1)[:, None], axis=1)
-        return p, jnp.asarray(Q_TABLE, jnp.float32)[last, j[None]][:, None], kv
+    def run_pass(self, params, cache, root_B, tree, anchors_BM, choice):
+        assert anchors_BM.shape[1] == 1  # q here is the block's after the whole chain
+        _, _, kv = super().run_pass(params, cache, root_B, tree, anchors_BM, choice)
+        tokens = jnp.concatenate([root_B[:, None], tree.tokens], axis=1)
+        p = jnp.asarray(P_TABLE, jnp.float32)[tokens, cache.lengths[:, None] + jnp.arange(tokens.shape[1])]
+        last = jnp.take_along_axis(tokens, anchors_BM, axis=1)
+        q = jnp.asarray(Q_TABLE, jnp.float32)[last, jnp.arange(self.block_size)[None]][:, None]
+        return without_token(p, MASK), without_token(q, MASK), kv
 
 
 @dataclasses.dataclass(frozen=True)
-class WrongPositionQ(HandMadeLogits):
-    """Broken on purpose: draft j (drawn at block position j + 1) is tested against q at block position j."""
+class WrongPositionBlock(SBDBlock):
+    """Broken on purpose: guess j (drawn at block position j + 1) is tested against q at block position j."""
 
     @staticmethod
-    def next_draft_logits(q_logits):
-        return q_logits
+    def guess_dists(q_BKV):
+        return q_BKV[:, :-1]
 
 
 def hand_made_joint(temperature, top_p):
@@ -180,7 +182,7 @@ def test_verified_sampling_is_exact_when_q_differs_by_block_position():
 
 def test_the_distribution_test_rejects_a_verifier_testing_drafts_against_the_wrong_position():
     expected = hand_made_joint(1.0, 1.0)
-    counts, _ = sampled_joint(decoder(WrongPositionQ, 1.0, 1.0), seed=0)
+    counts, _ = sampled_joint(decoder(HandMadeLogits, 1.0, 1.0, drafts=WrongPositionBlock(3)), seed=0)
     assert chi_square_p(counts, expected) < 1e-6
     assert total_variation(counts, expected) > 1.5 * sampling_noise(expected, ROWS)
 

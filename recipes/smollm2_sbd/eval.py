@@ -52,7 +52,7 @@ def ntp_setting() -> dict:
 def drafts_setting(block_size: int, drafts: str, fallback_blocks: int = 0) -> dict:
     """Verified decoding with lookup or hybrid drafts (`sbd_jax.decoding.lookup`); lookup needs no fine-tune.
     Hybrid's setting names the rule that chooses between the sources, so results of another rule are not reused."""
-    from sbd_jax.decoding.verified import HYBRID_RULE
+    from sbd_jax.decoding.chain_drafts import HYBRID_RULE
 
     rule = {"hybrid_rule": HYBRID_RULE} if drafts == "hybrid" else {}
     return with_fallback(dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True,

@@ -1,7 +1,6 @@
 """What every decoder shares, and NTP. Decoders are jit-compiled `lax.while_loop`s against the static
 KV cache, one algorithm per class: `NTPDecoder` here, `SBDDecoder` (Entropy-Bounded blocks) in
-`sbd.py`, `VerifiedSBDDecoder` (self-speculative: NTP's output) in `verified.py`, `TreeVerifiedDecoder`
-in `tree_verified.py`.
+`sbd.py`, `VerifiedSBDDecoder` (self-speculative: NTP's output, drafts from any source) in `verified.py`.
 
 Counting convention, shared by every mode: the prompt minus its last token is prefilled, so NTP's
 first forward feeds the last prompt token and SBD's first pass commits it. Every forward after

@@ -17,9 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from sbd_jax.decoding.chain_drafts import fallbacks_used
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Settings
-from sbd_jax.decoding.verified import fallbacks_used
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import WithWeights
 
@@ -109,11 +109,10 @@ def pass_tokens(block_size: int, verified: Settings = VERIFIED) -> int:
     the exact token and `draft_nodes` candidates."""
     if block_size == 1:
         return 1
-    if verified.drafts.is_tree:
-        return 1 + verified.draft_nodes
+    nodes = verified.draft_nodes if verified.drafts.is_tree else block_size - 1
     if not verified.drafts.reads_masked_block:
-        return block_size
-    return (2 + fallbacks_used(verified.fallback_blocks, block_size)) * block_size
+        return 1 + nodes
+    return 1 + nodes + (1 + fallbacks_used(verified.fallback_blocks, block_size)) * block_size
 
 
 def cache_slots(config: Any, prompts: Sequence[Sequence[int]], block_size: int, max_new_tokens: int,

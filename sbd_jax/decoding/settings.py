@@ -19,8 +19,7 @@ from sbd_jax.decoding.base import (
 )
 from sbd_jax.decoding.drafts import Drafts, check_fallback_blocks, check_lookup_min_match, draft_source
 from sbd_jax.decoding.sbd import SBDDecoder
-from sbd_jax.decoding.tree_verified import DEFAULT_DRAFT_NODES, TreeVerifiedDecoder, check_pass_widths
-from sbd_jax.decoding.verified import VerifiedSBDDecoder
+from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES, VerifiedSBDDecoder, check_pass_widths
 from sbd_jax.errors import UserError
 
 MODES = ("ntp", "sbd")
@@ -39,11 +38,11 @@ class Settings:
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
     drafts: Drafts = Drafts.SBD  # verify: what proposes the drafts (a chain or a tree a pass: `Drafts`)
     lookup_min_match: int = 1  # lookup / hybrid: the shortest n-gram match that proposes drafts (1-4)
-    fallback_blocks: int = 0  # sbd / hybrid drafts: masked blocks after the first N places a draft can be
+    fallback_blocks: int = 0  # sbd / hybrid / sbd-tree drafts: masked blocks after the first N places a draft can be
     # rejected, so a rejection still leaves drafts (pass (2 + N) k tokens; at most k - 1 used)
     draft_nodes: int = DEFAULT_DRAFT_NODES  # tree drafts: candidate nodes a pass (at most block_size - 1 deep)
     # tree drafts: (pass width, seconds) measured here (`tree_width.measure_pass_costs`); each pass then runs the
-    # width with the most expected tokens per second. Empty: every pass runs 1 + draft_nodes.
+    # width with the most expected tokens per second. Empty: every node, or the root alone where no row has one.
     pass_costs: tuple[tuple[int, float], ...] = ()
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
@@ -63,9 +62,10 @@ class Settings:
         if self.draft_nodes != DEFAULT_DRAFT_NODES and not self.drafts.is_tree:
             raise UserError("draft_nodes (--draft-nodes) sizes the trees of tree drafts: use it with drafts "
                             f"{', '.join(d.value for d in Drafts if d.is_tree)} (--drafts)")
-        if self.pass_costs and not self.drafts.is_tree:
-            raise UserError("pass_costs price the widths of tree drafts: use them with drafts "
-                            f"{', '.join(d.value for d in Drafts if d.is_tree)} (--drafts)")
+        if self.pass_costs and (not self.drafts.is_tree or self.drafts.reads_masked_block):
+            raise UserError("pass_costs price the widths of tree drafts without masked blocks: use them with drafts "
+                            f"{', '.join(d.value for d in Drafts if d.is_tree and not d.reads_masked_block)} "
+                            "(--drafts)")
         for width, seconds in self.pass_costs:
             check_whole_number("pass_costs width", width, 1)
             if not is_finite_number(seconds) or seconds <= 0:
@@ -104,12 +104,9 @@ class Settings:
                       eos_ids=config.eos_token_ids)
         if self.mode == "ntp":
             return NTPDecoder(config, **common)
-        if self.verify and self.drafts.is_tree:
-            return TreeVerifiedDecoder(config, source=self.drafts.tree_source(self.block_size - 1, self.lookup_min_match),
-                                       draft_nodes=self.draft_nodes, widths=tuple(w for w, _ in self.pass_costs),
-                                       costs=tuple(c for _, c in self.pass_costs), **common)
         if self.verify:
             return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts,
-                                      lookup_min_match=self.lookup_min_match,
-                                      fallback_blocks=self.fallback_blocks, **common)
+                                      lookup_min_match=self.lookup_min_match, fallback_blocks=self.fallback_blocks,
+                                      draft_nodes=self.draft_nodes, widths=tuple(w for w, _ in self.pass_costs),
+                                      costs=tuple(c for _, c in self.pass_costs), **common)
         return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)

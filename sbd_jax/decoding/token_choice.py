@@ -73,6 +73,11 @@ def greedy_token(logits: jax.Array) -> jax.Array:
     return jax.lax.platform_dependent(logits, cpu=two_reductions, default=argmax)
 
 
+def point_mass(tokens: jax.Array, vocab: int) -> jax.Array:
+    """`tokens.shape + (vocab,)` logits of the distribution that is certain of each token."""
+    return jnp.where(jnp.arange(vocab) == tokens[..., None], 0.0, -jnp.inf)
+
+
 def draw(dist_logits: jax.Array, rng: jax.Array, temperature: float) -> jax.Array:
     """A token from logits already passed through `sampling_logits`: argmax if greedy, else a sample."""
     if temperature == 0.0:

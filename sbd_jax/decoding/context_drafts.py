@@ -1,0 +1,128 @@
+"""Draft sources that propose trees from what the model and the context already hold.
+
+- `ContextTrie`: every recent earlier occurrence of the context's longest matching suffix (not only the latest,
+  as chain lookup takes), their continuations merged into a trie; a node's score is the share of occurrences
+  that continue through it times `CONTEXT_KEEP` per token.
+- `Successors`: the model's own top-k next tokens after every token it has run, harvested from every pass's
+  logits (accepted nodes or not) and kept per token id, shared by the batch (Token Recycling, arXiv
+  2408.08696); expanded from the root best-first, a node scored by the product of the kept probabilities.
+  Drafts exist where the context holds no match.
+- `Mixed`: the union of sources (a node proposed twice counts once, with its best score).
+
+Every source follows the protocol `sbd_jax.decoding.drafts` states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from sbd_jax.decoding.lookup import continuation, match_ends
+from sbd_jax.decoding.tree import Candidates, PassResult, best_first
+
+SUCCESSORS_KEPT = 8  # successors harvested per pass token (Token Recycling keeps 8)
+# A context match's chance to be kept per token, before the share of matches that agree (one constant for
+# every depth; chosen by hand, to be fitted on validation prompts: `benchmarks/tree_decode.py`).
+CONTEXT_KEEP = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextTrie:
+    """Continuations of the `occurrences` latest earlier matches of the longest suffix (`min_match` ..
+    `MAX_NGRAM` tokens) that recurs, `depth` tokens each (a match that runs into the end repeats with its
+    period, as chain lookup's); a node scores its share of the matches times `keep` per token."""
+
+    depth: int
+    occurrences: int = 8
+    min_match: int = 1
+    keep: float = CONTEXT_KEEP
+    chain = False
+    blocks = 0
+
+    def init(self, batch: int, vocab: int, sampling: bool) -> Any:
+        return ()
+
+    def candidates(self, state: Any, history_BW: jax.Array, length_B: jax.Array, room_B: jax.Array) -> Candidates:
+        batch, width = history_BW.shape
+        ends = match_ends(history_BW, length_B, min_match=self.min_match)
+        end, _ = jax.lax.top_k(jnp.where(ends, jnp.arange(width), -1), self.occurrences)  # [B, O] latest first
+        found = end >= 0
+        d = jnp.arange(self.depth)
+        cont = continuation(history_BW, end, length_B, self.depth)  # [B, O, D]
+        # share[o, d]: occurrences whose first d + 1 tokens equal occurrence o's
+        same = jnp.cumprod(cont[:, :, None, :] == cont[:, None, :, :], axis=-1) & found[:, None, :, None]
+        share = same.sum(axis=2) / jnp.maximum(found.sum(axis=1), 1)[:, None, None]
+        scores = jnp.where(found[:, :, None] & (d < room_B[:, None, None]), share * self.keep ** (d + 1), 0.0)
+        occurrences = cont.shape[1]
+        paths = jnp.broadcast_to(cont[:, :, None, :], (batch, occurrences, self.depth, self.depth))
+        return Candidates(paths=paths.reshape(batch, -1, self.depth),
+                          depths=jnp.broadcast_to(d + 1, (batch, occurrences, self.depth)).reshape(batch, -1),
+                          scores=scores.reshape(batch, -1), from_context=jnp.ones((batch, occurrences * self.depth), bool))
+
+    def observe(self, state: Any, result: PassResult) -> Any:
+        return state
+
+
+@dataclasses.dataclass(frozen=True)
+class Successors:
+    """The model's `SUCCESSORS_KEPT` most likely successors of every token id it has run (a table shared by the
+    batch), expanded from the root `depth` deep keeping the `beam` best nodes per depth."""
+
+    depth: int
+    beam: int = 16
+    chain = False
+    blocks = 0
+
+    def init(self, batch: int, vocab: int, sampling: bool) -> Any:
+        return (jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.int32), jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.float32))
+
+    def candidates(self, state: Any, history_BW: jax.Array, length_B: jax.Array, room_B: jax.Array) -> Candidates:
+        table_tokens, table_probs = state
+        root = jnp.take_along_axis(history_BW, (length_B - 1)[:, None], axis=1)  # [B, 1]
+        return best_first(root, self.depth, self.beam, room_B, lambda d, last: (table_tokens[last], table_probs[last]))
+
+    def observe(self, state: Any, result: PassResult) -> Any:
+        top_logits, top_tokens = jax.lax.top_k(result.logits, SUCCESSORS_KEPT)
+        top_probs = jnp.exp(top_logits - jax.nn.logsumexp(result.logits, axis=-1, keepdims=True))
+        return self.harvest(state, jnp.concatenate([result.root[:, None], result.tree.tokens], axis=1),
+                            jnp.concatenate([result.live[:, None], result.tree.present], axis=1),
+                            top_tokens.astype(jnp.int32), top_probs)
+
+    def harvest(self, state: Any, pass_tokens_BT: jax.Array, present_BT: jax.Array, top_tokens_BTK: jax.Array,
+                top_probs_BTK: jax.Array) -> Any:
+        """Every present pass token's successors become its row of the table (the latest pass wins; where one
+        pass runs a token id twice, which of its rows is kept is up to the scatter, so on a GPU the drafts, never
+        the output, may differ between runs)."""
+        table_tokens, table_probs = state
+        ids = jnp.where(present_BT, pass_tokens_BT, table_tokens.shape[0]).reshape(-1)  # absent: dropped
+        return (table_tokens.at[ids].set(top_tokens_BTK.reshape(ids.shape[0], -1), mode="drop"),
+                table_probs.at[ids].set(top_probs_BTK.reshape(ids.shape[0], -1), mode="drop"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixed:
+    """Several sources' candidates, one tree (`sbd_jax.decoding.tree.build_tree` merges the duplicates)."""
+
+    sources: tuple[Any, ...]
+    chain = False
+    blocks = 0
+
+    @property
+    def depth(self) -> int:
+        return max(source.depth for source in self.sources)
+
+    def init(self, batch: int, vocab: int, sampling: bool) -> Any:
+        return tuple(source.init(batch, vocab, sampling) for source in self.sources)
+
+    def candidates(self, state: Any, history_BW: jax.Array, length_B: jax.Array, room_B: jax.Array) -> Candidates:
+        parts = [source.candidates(s, history_BW, length_B, room_B) for source, s in zip(self.sources, state)]
+        depth = self.depth
+        return Candidates.concatenate([
+            part.replace(paths=jnp.pad(part.paths, ((0, 0), (0, 0), (0, depth - part.paths.shape[-1]))))
+            for part in parts])
+
+    def observe(self, state: Any, result: PassResult) -> Any:
+        return tuple(source.observe(s, result) for source, s in zip(self.sources, state))
