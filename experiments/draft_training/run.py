@@ -225,6 +225,22 @@ def choose(results: dict) -> str:
     return max(close, key=lambda n: close[n][1])
 
 
+def choose_second(results: dict) -> str | None:
+    """The second decision's rule (README, fixed before its arm trained) over `results`: the arm wins if its
+    verified SBD tokens per forward at block 8 at the last point exceed BASELINE's by more than 0.02, BASELINE
+    if they fall short by more; within 0.02 the larger gain from the second point to the last. None until both
+    have their three points."""
+    arms = [BASELINE, *SECOND_DECISION]
+    points = [results["arms"].get(name, {}).get("points", []) for name in arms]
+    if any(len(p) < 3 for p in points):
+        return None
+    last = [p[-1]["verified_sbd_8"] for p in points]
+    gain = [p[-1]["verified_sbd_8"] - p[-2]["verified_sbd_8"] for p in points]
+    best = max(range(len(arms)), key=lambda i: last[i])
+    close = [i for i in range(len(arms)) if last[best] - last[i] <= 0.02]
+    return arms[max(close, key=lambda i: gain[i])]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)

@@ -9,7 +9,11 @@ rank 16 on SmolLM2-135M; loading casts them to the model's weights dtype), `adap
 `dtype` and `shipped`: the source directory, its steps, the commit it was trained at when given and the commit
 that shipped it), `training_log.jsonl` (one line a step up to the export's: loss, learning rate, gradient norm,
 seconds; from the run's metrics.jsonl) and `README.md` (the same in words). A folder already there is replaced
-file by file: each piece of a long run ships over the last. A name that `KNOWN_ADAPTERS`
+file by file: each piece of a long run ships over the last. A piece that started from a shipped adapter
+(`adapter.init_from`, which the export's adapter.json records) ships with `--continues FOLDER`, that adapter's
+folder as the piece found it (`piece.py` keeps a copy): its steps S and this piece's N ship as S + N, its
+training_log.jsonl is followed by this piece's rows (steps from S + 1), and `shipped.pieces` lists every
+piece, so the shipped folder describes the whole training. A name that `KNOWN_ADAPTERS`
 (sbd_jax/checkpoints/load.py) lists must come from an export of the base it names there; another name is
 written, with a reminder to list it. Then `git add sbd_jax/adapters/<name>` and commit.
 """
@@ -62,6 +66,41 @@ def _rounded(value: object) -> object:
     return float(f"{value:.6g}") if isinstance(value, float) else value
 
 
+def continued(export: str, meta: dict, continues: str | None) -> tuple[int, list[dict], list[dict]]:
+    """(steps, training log, pieces) of the adapter `continues` that the export (its adapter.json `meta`) was
+    trained on from; (0, [], []) without one. Refuses an export that records a start (`init_from`) shipped
+    without it, a start of other steps, and a `continues` that is another adapter."""
+    started = meta.get("init_from")
+    if continues is None:
+        if started:
+            raise UserError(f"{export} continues the adapter {started['source']} ({started.get('steps')} steps): "
+                            "give --continues with that adapter's folder, so that the shipped steps and training "
+                            "log cover every piece")
+        return 0, [], []
+    previous = read_adapter_config(continues)
+    shipped = previous.get("shipped") or {}
+    if shipped.get("steps") is None:
+        raise UserError(f"--continues {continues} records no training steps (adapter.json's shipped.steps): "
+                        "ship it again with --steps")
+    for key in ("rank", "alpha", "targets", "mask_token_id"):
+        if previous[key] != meta[key]:
+            raise UserError(f"--continues {continues} has {key} {previous[key]}, the export {meta[key]}: it is "
+                            "another adapter than the one the export was trained from")
+    if previous["base"]["fingerprint"] != meta["base"]["fingerprint"]:
+        raise UserError(f"--continues {continues} was trained on another base than the export "
+                        f"({previous['base']['fingerprint']} against {meta['base']['fingerprint']})")
+    if started and started.get("steps") not in (None, shipped["steps"]):
+        raise UserError(f"{export} was trained from an adapter of {started['steps']} steps, --continues "
+                        f"{continues} has {shipped['steps']}: give the folder the piece started from")
+    log_file = os.path.join(continues, LOG)
+    log = [json.loads(line) for line in open(log_file) if line.strip()] if os.path.isfile(log_file) else []
+    pieces = shipped.get("pieces") or [{k: shipped.get(k) for k in PIECE_KEYS}]  # shipped before pieces were listed
+    return int(shipped["steps"]), log, pieces
+
+
+PIECE_KEYS = ("source", "steps", "trained_at_commit", "command", "date")
+
+
 def readme(name: str, meta: dict, log: list[dict], note: str | None, size: int) -> str:
     """The folder's README.md: what the adapter is, how to load it, where it came from, its training in brief."""
     shipped, base = meta["shipped"], meta["base"]
@@ -76,11 +115,17 @@ def readme(name: str, meta: dict, log: list[dict], note: str | None, size: int) 
              "model's own output exactly; the adapter only drafts.", "",
              "## Where it came from", "",
              f"- export: `{shipped['source']}`, {shipped['steps'] if shipped['steps'] is not None else 'unknown'} "
-             "training steps",
+             "training steps" + (f" in all, in {len(shipped['pieces'])} pieces (below)"
+                                 if len(shipped.get("pieces", [])) > 1 else ""),
              f"- trained at commit: {shipped['trained_at_commit'] or 'not recorded'}",
              *([f"- training command: `{shipped['command']}`"] if shipped.get("command") else []),
              f"- shipped at commit {shipped['shipped_at_commit']} on {shipped['date']} "
              f"(`python -m experiments.draft_training.ship`), float32 rounded to {meta['dtype']}"]
+    if len(shipped.get("pieces", [])) > 1:
+        lines += ["", "Pieces, each starting from the adapter the one before shipped (optimizer state fresh):", ""]
+        lines += [f"{i}. {p.get('steps')} steps: `{p.get('source')}`, commit {p.get('trained_at_commit') or '?'}, "
+                  f"{p.get('date') or '?'}" + (f", `{p['command']}`" if p.get("command") else "")
+                  for i, p in enumerate(shipped["pieces"], 1)]
     if note:
         lines += ["", note]
     if log:
@@ -100,8 +145,9 @@ def _mean_loss(rows: list[dict]) -> float:
 
 def ship(export: str, name: str, out: str | None = None, steps: int | None = None, metrics: str | None = None,
          trained_at_commit: str | None = None, command: str | None = None, note: str | None = None,
-         dtype: str = "bfloat16") -> str:
-    """Writes the shippable copy of `export` (see the module docstring) and returns its folder."""
+         dtype: str = "bfloat16", continues: str | None = None) -> str:
+    """Writes the shippable copy of `export` (see the module docstring) and returns its folder. `steps`: the
+    export's own; with `continues` (the adapter it was trained from) the copy records those plus its."""
     if not _NAME.fullmatch(name):
         raise UserError(f"adapter name {name!r}: use lower-case letters, digits, '.', '_' and '-'")
     meta = read_adapter_config(export)
@@ -116,13 +162,19 @@ def ship(export: str, name: str, out: str | None = None, steps: int | None = Non
         metrics = beside if os.path.isfile(beside) else None
     elif not os.path.isfile(metrics):
         raise UserError(f"metrics file {metrics} does not exist")
+    before, earlier_log, pieces = continued(export, meta, continues)
     steps = steps_of(export, steps)
     log = training_log(metrics, steps) if metrics else []
     if steps is None and log:
         steps = log[-1]["step"]
-    note_meta = {"source": os.path.normpath(export), "steps": steps, "trained_at_commit": trained_at_commit,
-                 "command": command, "shipped_at_commit": commit(), "date": datetime.date.today().isoformat(),
-                 "metrics": metrics}
+    if continues is not None and steps is None:
+        raise UserError(f"the steps of {export} are unknown: give --steps (this piece's), so that they add to the "
+                        f"{before} of --continues")
+    log = earlier_log + [{**row, "step": row["step"] + before} for row in log]
+    piece = {"source": os.path.normpath(export), "steps": steps, "trained_at_commit": trained_at_commit,
+             "command": command, "date": datetime.date.today().isoformat()}
+    note_meta = {**piece, "steps": None if steps is None else before + steps, "shipped_at_commit": commit(),
+                 "metrics": metrics, "pieces": pieces + [piece]}
     meta = write_copy(export, out, dtype, note_meta)
     with open(os.path.join(out, LOG), "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in log)
@@ -140,16 +192,20 @@ def main(argv: list[str] | None = None) -> str:
                                                       "smollm2-135m-sbd)")
     parser.add_argument("--out", default=None, help="the folder to write (default: the package's adapters/NAME)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="the export's training steps (default: N of a folder named export_N, else the log's last)")
+                        help="the export's training steps (default: N of a folder named export_N, else the log's "
+                             "last); with --continues, this piece's alone")
     parser.add_argument("--metrics", default=None,
                         help="the run's metrics.jsonl (default: the one beside the export, if any)")
     parser.add_argument("--commit", default=None, help="the commit the adapter was trained at (recorded as given)")
     parser.add_argument("--command", default=None, help="the command that trained it (recorded as given)")
     parser.add_argument("--note", default=None, help="a paragraph for its README.md (what run, which piece)")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--continues", default=None,
+                        help="the shipped adapter folder the export's training started from (adapter.init_from), as "
+                             "it was then: the copy records its steps plus the export's and joins the training logs")
     args = parser.parse_args(argv)
     out = ship(args.export, args.name, args.out, args.steps, args.metrics, args.commit, args.command, args.note,
-               args.dtype)
+               args.dtype, args.continues)
     sizes = {f: os.path.getsize(os.path.join(out, f)) for f in (WEIGHTS, CONFIG, LOG, README)}
     print(f"wrote {out}: " + ", ".join(f"{f} {n / 1e6:.1f} MB" if n > 1e5 else f"{f} {n / 1e3:.1f} kB"
                                         for f, n in sizes.items()))

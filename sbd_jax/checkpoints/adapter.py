@@ -5,7 +5,8 @@ On disk an adapter is a directory beside the base model: `adapter.safetensors` (
 by their path, e.g. `layers_3/self_attn/q_proj_lora/a`; float32 as trained, or bfloat16 in a shipped copy,
 `write_copy`: loading casts them to the model's weights dtype) and `adapter.json` (rank, alpha, targets, the mask
 token, and the base it was trained on: architecture and a fingerprint of its weights, checked on load). Shipped
-adapters load by name (`checkpoints.load.KNOWN_ADAPTERS`).
+adapters load by name (`checkpoints.load.KNOWN_ADAPTERS`). A training run may start its adapter from one
+(`adapter.init_from`: `continued_adapter`), after checks that it is the same adapter on the same base.
 """
 
 from __future__ import annotations
@@ -79,9 +80,11 @@ def _per_layer(tree: dict) -> dict:
                        for i in range(num_layers)}}
 
 
-def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, Any]) -> None:
+def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, Any],
+                 init_from: dict[str, Any] | None = None) -> None:
     """Writes `adapter.safetensors` and `adapter.json`. `base`: what names the base model (`name`,
-    `fingerprint` of its weights before the mask token was set up, `mask_token`: the spec that set it)."""
+    `fingerprint` of its weights before the mask token was set up, `mask_token`: the spec that set it);
+    `init_from`: the adapter its training started from (`source`, its `steps`), recorded under that key."""
     from sbd_jax.checkpoints.files import save_safetensors
 
     assert config.adapter is not None, "save_adapter writes an adapter run's adapter"
@@ -91,7 +94,8 @@ def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, 
     save_safetensors(tensors, os.path.join(path, WEIGHTS))
     meta = {"format": FORMAT, "rank": config.adapter.rank, "alpha": config.adapter.alpha,
             "targets": list(config.adapter.targets), "mask_token_id": config.mask_token_id,
-            "base": {**{f: getattr(config, f) for f in _BASE_FIELDS}, **base}}
+            "base": {**{f: getattr(config, f) for f in _BASE_FIELDS}, **base},
+            **({"init_from": init_from} if init_from else {})}
     with open(os.path.join(path, CONFIG), "w") as f:
         json.dump(meta, f, indent=2)
 
@@ -172,6 +176,12 @@ def attach_adapter(spec: str, config: ModelConfig, params: dict, tokenizer: Any)
                         f"{config.mask_token_id}; load it with the tokenizer it was trained with")
     config = config.replace(adapter=AdapterConfig(rank=meta["rank"], alpha=meta["alpha"],
                                                   targets=tuple(meta["targets"])))
+    return config, merge(params, adapter_weights(path, meta, config)), tokenizer
+
+
+def adapter_weights(path: str, meta: dict, config: ModelConfig) -> dict:
+    """The adapter tensors of the directory `path` (its adapter.json `meta`) as the parameter tree of `config`'s
+    adapter: checked against the shapes that config needs, cast to its weights dtype, stacked where it scans."""
     per_layer = config.replace(scan_layers=False)  # the file's layout
     expected = _flat(jax.eval_shape(lambda key: adapter_tree(Transformer(per_layer), key), jax.random.key(0)))
     found = read_tensors(path)
@@ -188,4 +198,39 @@ def attach_adapter(spec: str, config: ModelConfig, params: dict, tokenizer: Any)
         from sbd_jax.checkpoints.hf import stack_layers
 
         adapter = stack_layers(adapter, config.num_layers)
-    return config, merge(params, adapter), tokenizer
+    return adapter
+
+
+def check_continues(spec: str, meta: dict, rank: int, alpha: float, targets: tuple[str, ...]) -> None:
+    """Refuses, in one line naming the setting to change, to start a run's adapter (`adapter.rank`, `alpha`,
+    `targets`) from the adapter `spec` (its adapter.json `meta`) when they differ."""
+    where = f"config adapter.init_from={spec!r}"
+    for name, theirs, ours in (("rank", meta["rank"], rank), ("alpha", float(meta["alpha"]), float(alpha)),
+                               ("targets", tuple(meta["targets"]), tuple(targets))):
+        if theirs != ours:
+            raise UserError(f"{where} has {name} {theirs}, this run adapter.{name}={ours}: set adapter.{name}="
+                            f"{theirs} to continue it, or leave adapter.init_from empty to start a new adapter")
+
+
+def continued_adapter(spec: str, config: ModelConfig, base: dict[str, Any]) -> tuple[dict, dict]:
+    """(weights, adapter.json) of the adapter `spec` (a directory or a known name) as the start of a training
+    run whose model is `config` (its adapter and mask token set up) on the base `base` (`save_adapter`'s record:
+    name, fingerprint, mask_token): every tensor it stores, its own mask embedding included, in the run's
+    weights dtype. The run's adapter sizes, base weights and mask token must be the adapter's (one-line
+    `UserError` naming the setting otherwise)."""
+    from sbd_jax.checkpoints.load import resolve_adapter
+
+    assert config.adapter is not None, "an adapter run starts from an adapter"
+    path = resolve_adapter(spec)
+    meta = read_adapter_config(path)
+    check_continues(spec, meta, config.adapter.rank, config.adapter.alpha, config.adapter.targets)
+    trained, where = meta["base"], f"config adapter.init_from={spec!r}"
+    if trained["fingerprint"] != base["fingerprint"]:
+        raise UserError(f"{where} was trained on base {trained.get('name')!r} (fingerprint {trained['fingerprint']}), "
+                        f"this run's model.name={base['name']!r} has fingerprint {base['fingerprint']}: set "
+                        "model.name to the base it names, or leave adapter.init_from empty")
+    if trained["mask_token"] != base["mask_token"] or meta["mask_token_id"] != config.mask_token_id:
+        raise UserError(f"{where} was trained with data.mask_token={trained['mask_token']!r} (id "
+                        f"{meta['mask_token_id']}), this run has {base['mask_token']!r} (id {config.mask_token_id}): "
+                        f"set data.mask_token={trained['mask_token']!r}")
+    return adapter_weights(path, meta, config), meta

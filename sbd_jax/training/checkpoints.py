@@ -55,9 +55,11 @@ def restore(manager: Any, step: int, where: str, state: Any, iterator: Any) -> A
 
 def resume(manager: Any, cfg: TrainConfig, workdir: str, state: Any, iterator: Any) -> tuple[Any, int]:
     """(state, completed steps): the newest checkpoint in `workdir` that restores, else `cfg.init_from`'s
-    (a branch off another run), else `state` at step 0. Newer checkpoints that do not restore while an
-    older one does are damaged (this config restores the older one): they are moved to
-    `workdir/damaged_checkpoints` (the run saves those steps again) and the fallback is announced."""
+    (a branch off another run), else `state` at step 0 with `iterator` moved past `cfg.data.skip` batches
+    (a run that continues earlier training, `adapter.init_from`, reads on where that stopped). Newer
+    checkpoints that do not restore while an older one does are damaged (this config restores the older
+    one): they are moved to `workdir/damaged_checkpoints` (the run saves those steps again) and the fallback
+    is announced."""
     steps = sorted(manager.all_steps(), reverse=True)
     failed: list[Unrestorable] = []
     for step in steps:
@@ -82,6 +84,8 @@ def resume(manager: Any, cfg: TrainConfig, workdir: str, state: Any, iterator: A
     if failed:
         raise failed[0]
     if not cfg.init_from:
+        for _ in range(cfg.data.skip):
+            next(iterator)
         return state, 0
     source = checkpoint_manager(cfg, cfg.init_from)
     step = cfg.init_step or source.latest_step()

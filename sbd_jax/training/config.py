@@ -174,10 +174,24 @@ class AdapterSection:
     rank: int = 0
     alpha: float = 32.0
     targets: tuple[str, ...] = ADAPTER_TARGETS
+    # Start the adapter from a trained one instead of a new one: an adapter directory or a shipped adapter's
+    # name (e.g. smollm2-135m-sbd). Its rank, alpha, targets, base and mask token must be this run's; its
+    # weights (mask embedding included) are used only when the workdir has no checkpoint of its own, and
+    # the optimizer starts fresh.
+    init_from: str = ""
 
     def __post_init__(self) -> None:
         check_at_least("adapter.rank", self.rank, 0, "0 = no adapter: full fine-tuning")
         AdapterConfig(rank=max(self.rank, 1), alpha=self.alpha, targets=self.targets)  # its checks, even when off
+        if self.init_from:
+            from sbd_jax.checkpoints.adapter import check_continues, read_adapter_config
+            from sbd_jax.checkpoints.load import resolve_adapter
+
+            if not self.rank:
+                raise UserError(f"config adapter.init_from={self.init_from!r} continues an adapter: set adapter.rank "
+                                "(and alpha, targets) to its own")
+            meta = read_adapter_config(resolve_adapter(self.init_from))
+            check_continues(self.init_from, meta, self.rank, self.alpha, self.targets)
 
     def model_config(self) -> AdapterConfig | None:
         """The adapter of the model this run trains (`ModelConfig.adapter`), None for none: the one place a run is
@@ -224,6 +238,9 @@ class TrainConfig:
         check_in_range("seed", self.seed, 0, 2**32, why="a 32-bit random seed")
         if len(self.mesh) != 3:
             raise UserError(f"config mesh={self.mesh}: give (data, fsdp, tensor), -1 for the remaining devices")
+        if self.init_from and self.adapter.init_from:
+            raise UserError(f"config init_from={self.init_from!r} (another run's checkpoint: state and data position) "
+                            f"and adapter.init_from={self.adapter.init_from!r} (an adapter's weights): set one of them")
         if self.init_from and not os.path.isdir(os.path.join(self.init_from, "checkpoints")):
             raise UserError(f"config init_from={self.init_from!r} holds no checkpoints/ directory: give another "
                             "run's workdir")

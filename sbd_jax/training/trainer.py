@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sbd_jax.checkpoints.adapter import fingerprint, save_adapter
+from sbd_jax.checkpoints.adapter import continued_adapter, fingerprint, save_adapter
 from sbd_jax.checkpoints.load import load_model, resolve
 from sbd_jax.checkpoints.tokenizer import load_tokenizer
 from sbd_jax.data import streaming
@@ -104,10 +104,15 @@ class Trainer:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
         self.frozen: Any = None  # an adapter run's base weights: an input of every step, never trained
+        self.started_from: dict[str, Any] | None = None  # adapter.init_from and its steps, recorded in exports
         if self.config.adapter:
             self.base = {"name": cfg.model.name, "fingerprint": base_fingerprint, "mask_token": cfg.data.mask_token}
             self.frozen = jax.device_put(params, sharding.param_shardings(params, self.mesh))
-            params = init_adapter(Transformer(self.config), params, cfg.seed)
+            if cfg.adapter.init_from:  # a trained adapter's weights (a checkpoint in the workdir replaces them)
+                params, meta = continued_adapter(cfg.adapter.init_from, self.config, self.base)
+                self.started_from = {"source": cfg.adapter.init_from, "steps": meta.get("shipped", {}).get("steps")}
+            else:
+                params = init_adapter(Transformer(self.config), params, cfg.seed)
         self.iterator = streaming.host_batches(
             cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed,
             host=jax.process_index(), hosts=jax.process_count())
@@ -238,7 +243,7 @@ class Trainer:
             adapter = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)),
                                    self.state.params)
             if jax.process_index() == 0:
-                save_adapter(path, self.config, adapter, self.base)
+                save_adapter(path, self.config, adapter, self.base, self.started_from)
             return
 
         save_hf(path, self.config.replace(param_dtype=DType.FLOAT32), self.state.params,
