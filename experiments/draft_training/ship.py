@@ -26,6 +26,7 @@ import json
 import os
 import re
 import sys
+import textwrap
 
 import sbd_jax
 from sbd_jax.checkpoints.adapter import CONFIG, WEIGHTS, read_adapter_config, write_copy
@@ -105,9 +106,9 @@ def readme(name: str, meta: dict, log: list[dict], note: str | None, size: int) 
     """The folder's README.md: what the adapter is, how to load it, where it came from, its training in brief."""
     shipped, base = meta["shipped"], meta["base"]
     lines = [f"# {name}", "",
-             f"A gated SBD adapter for `{base['name']}` (rank {meta['rank']}, alpha {meta['alpha']}, targets "
-             f"{', '.join(meta['targets'])}; mask token {meta['mask_token_id']}, base fingerprint "
-             f"{base['fingerprint']}), stored in {meta['dtype']} ({size / 1e6:.1f} MB).", "",
+             f"A gated SBD adapter for `{base['name']}`, stored in {meta['dtype']} ({size / 1e6:.1f} MB):",
+             f"rank {meta['rank']}, alpha {meta['alpha']}, targets {', '.join(meta['targets'])};",
+             f"mask token {meta['mask_token_id']}, base fingerprint {base['fingerprint']}.", "",
              "```bash",
              f"python sample.py --model {base['name']} --adapter {name} --prompt \"...\" --chat --mode sbd --verify",
              "```", "",
@@ -127,7 +128,7 @@ def readme(name: str, meta: dict, log: list[dict], note: str | None, size: int) 
                   f"{p.get('date') or '?'}" + (f", `{p['command']}`" if p.get("command") else "")
                   for i, p in enumerate(shipped["pieces"], 1)]
     if note:
-        lines += ["", note]
+        lines += ["", textwrap.fill(note, 110)]
     if log:
         first, last = log[0], log[-1]
         seconds = sum(r.get("seconds", 0.0) for r in log)
