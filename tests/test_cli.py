@@ -110,6 +110,18 @@ def test_verify_needs_sbd_mode():
                           "--mode sbd")
 
 
+def test_draft_nodes_auto_times_the_widths_and_keeps_ntp_text():
+    """`--draft-nodes auto`: the pass widths timed here, each pass at the width the rule picks; NTP's text."""
+    model = os.path.join("experiments", "small_scale", "models", "sbd_arith")
+    common = ["sample.py", "--model", model, "--chat", "--prompt", "c5b7a2+b8a6", "--max-new-tokens", "24", "--json"]
+    (ntp,) = [json.loads(line) for line in run(*common).stdout.strip().splitlines()]
+    auto = run(*common, "--mode", "sbd", "--verify", "--drafts", "tree", "--block-size", "4", "--draft-nodes", "auto")
+    assert auto.returncode == 0, auto.stderr
+    assert "[--draft-nodes auto at batch 1: pass costs 1: " in auto.stderr and " 33: " in auto.stderr
+    (row,) = [json.loads(line) for line in auto.stdout.strip().splitlines()]
+    assert row["token_ids"] == ntp["token_ids"] and row["drafts"] == "tree"
+
+
 def test_sample_verify_prints_exactly_the_ntp_text_of_the_shipped_model():
     """The shipped small-scale SBD model: verified SBD writes NTP's text, in fewer passes, at a fixed block
     size and at the one `--block-size auto` measures."""
