@@ -25,7 +25,7 @@ from sbd_jax.cli import run_cli
 from sbd_jax.decoding.base import DEFAULT_GAMMA, check_whole_number
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.generate import BatchTiming, batch_seed, check_seed
-from sbd_jax.decoding.settings import MODES
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES
 from sbd_jax.errors import PromptError, UserError
@@ -44,7 +44,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="prompts decoded together (default 64); output is written as each batch finishes. Memory "
                    "grows with it: about 1 MB a row on the shipped 4-layer model, several MB on SmolLM2-135M")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn in the chat template")
-    p.add_argument("--mode", choices=MODES, default="ntp",
+    p.add_argument("--mode", choices=list(Mode), default=Mode.NTP,
                    help="ntp: one token per forward; sbd: Entropy-Bounded block decoding")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--gamma", type=float, default=None,
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> None:
     from sbd_jax.decoding.settings import Settings
 
     auto = args.block_size == "auto"
-    if auto and not (args.mode == "sbd" and args.verify):
+    if auto and not (args.mode == Mode.SBD and args.verify):
         raise UserError("--block-size auto picks the fastest block for verified SBD, whose output does not depend "
                         "on it: add --mode sbd --verify, or give plain SBD a number (its block size changes the text)")
     # with auto, block 16 only passes the checks; the measured choice replaces it after the model loads
@@ -237,7 +237,7 @@ def print_batch(args: argparse.Namespace, settings: Any, tokenizer: Any, texts: 
                 "prefill_seconds": timing.prefill_seconds, "decode_seconds": timing.decode_seconds,
                 "compile_seconds": timing.compile_seconds, "batch": len(texts), "mode": settings.mode,
                 **({"gamma": settings.entropy_budget, "block_size": settings.block_size,
-                    "reveal_pass": result.reveal_pass, "verify": settings.verify} if settings.mode == "sbd" else {}),
+                    "reveal_pass": result.reveal_pass, "verify": settings.verify} if settings.mode == Mode.SBD else {}),
                 **({"drafts": settings.drafts, "accepted_fraction": result.accepted_fraction,
                     "drafted": result.drafted, "accepted": result.accepted, "lookup_drafted": result.lookup_drafted,
                     "lookup_accepted": result.lookup_accepted, "corrected": result.corrected}

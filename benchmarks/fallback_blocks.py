@@ -25,6 +25,7 @@ import os
 import sys
 
 from benchmarks.hybrid_rule import add_model_arguments
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,12 +38,12 @@ def rows_for(model, prompts, reference, block_sizes, fallbacks_of, max_new_token
 
     rows = []
     for k in block_sizes:
-        for drafts, fallback in [("lookup", 0)] + [(d, n) for d in ("sbd", "hybrid") for n in fallbacks_of(k)]:
+        for drafts, fallback in [(Drafts.LOOKUP, 0)] + [(d, n) for d in (Drafts.SBD, Drafts.HYBRID) for n in fallbacks_of(k)]:
             settings = verified(drafts, k, max_new_tokens, fallback_blocks=fallback)
             results, _ = decode_rows(model, settings, prompts, batch)
             row = {"drafts": drafts, "block_size": k, "fallback_blocks": fallback, "prompts": len(prompts),
                    **summary(results), "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, reference))}
-            if timed and drafts != "lookup":  # lookup's narrow passes depend on the batch: measured elsewhere
+            if timed and drafts != Drafts.LOOKUP:  # lookup's narrow passes depend on the batch: measured elsewhere
                 bare = bare_forward_seconds(model, prompts, (k,), 1, max_new_tokens, verified=settings)
                 row.update(pass_over_ntp_step=bare[k] / bare[1],
                            predicted_batch1_speedup=predicted_speedup(row["tokens_per_forward"], bare[k], bare[1]))

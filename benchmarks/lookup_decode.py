@@ -32,9 +32,9 @@ PARTS = ("arithmetic", "exactness", "speed")
 
 
 def verified(drafts: str, k: int, max_new_tokens: int, min_match: int = 1, fallback_blocks: int = 0):
-    from sbd_jax.decoding.settings import Settings
+    from sbd_jax.decoding.settings import Mode, Settings
 
-    return Settings(mode="sbd", verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens,
+    return Settings(mode=Mode.SBD, verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens,
                     lookup_min_match=min_match, fallback_blocks=fallback_blocks)
 
 
@@ -128,13 +128,13 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
     """What `--block-size auto` picks for lookup drafts at each batch and shortest match (calibrated on the same
     prompts as timed, 64 tokens), against the fastest block this run measured (NTP counts as block 1)."""
     from sbd_jax.decoding.block_choice import measure_block_choice
-    from sbd_jax.decoding.settings import Settings
+    from sbd_jax.decoding.settings import Mode, Settings
 
     out = []
     for batch, n in speed_batches(args):
         for m in args.min_matches:
             choice = measure_block_choice(model, test[:n], batch, args.block_sizes, args.max_new_tokens,
-                                          verified=Settings(mode="sbd", verify=True, drafts="lookup",
+                                          verified=Settings(mode=Mode.SBD, verify=True, drafts="lookup",
                                                             lookup_min_match=m))
             speed = {1: 1.0, **{k: r["vs_ntp"] for k in args.block_sizes for r in rows
                                 if r["batch"] == batch and r["decoder"] == lookup_name(k, m)}}

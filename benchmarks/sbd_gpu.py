@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.results import write_json
 from sbd_jax.model.config import RUN_DTYPES, backend_dtype
 
@@ -39,7 +40,7 @@ def chosen_settings() -> list[dict]:
     with open(os.path.join(ROOT, "experiments", "small_scale", "results.json")) as f:
         study = json.load(f)
     chosen = sorted({(e["block_size"], e["gamma"]) for e in study["entries"]
-                     if e["model"] == study["headline_model"] and e["split"] == "speed" and e["mode"] == "sbd"})
+                     if e["model"] == study["headline_model"] and e["split"] == "speed" and e["mode"] == Mode.SBD})
     settings = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
     settings += [dict(mode="sbd", block_size=k, gamma=g, proxy="entropy") for k, g in chosen]
     settings += [dict(mode="verified", block_size=k, gamma=1e9, proxy="entropy", verify=True) for k in BLOCKS]
@@ -133,7 +134,7 @@ def main() -> None:
             rate, with_prefill = tokens_per_second(model, setting, speed_problems, STUDY["max_new_tokens"], batch, 3)
             result["speed"].append({**setting, "batch": batch, "problems": len(speed_problems),
                                     "decode_tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill})
-            ntp = next(r for r in result["speed"] if r["batch"] == batch and r["mode"] == "ntp")
+            ntp = next(r for r in result["speed"] if r["batch"] == batch and r["mode"] == Mode.NTP)
             result["speed"][-1]["decode_vs_ntp"] = rate / ntp["decode_tokens_per_second"]
             write_json(out, result)
             print(f"batch {batch} {setting['mode']} k={setting['block_size']}: {rate:.0f} tokens/s "

@@ -30,9 +30,9 @@ NODES = (4, 8, 16, 32, 64)
 
 
 def settings(drafts: str, depth: int, max_new_tokens: int, nodes: int = 16, min_match: int = 1, costs=()):
-    from sbd_jax.decoding.settings import Settings
+    from sbd_jax.decoding.settings import Mode, Settings
 
-    return Settings(mode="sbd", verify=True, drafts=drafts, block_size=depth + 1, max_new_tokens=max_new_tokens,
+    return Settings(mode=Mode.SBD, verify=True, drafts=drafts, block_size=depth + 1, max_new_tokens=max_new_tokens,
                     draft_nodes=nodes, lookup_min_match=min_match, pass_costs=costs)
 
 

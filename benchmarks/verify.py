@@ -32,10 +32,10 @@ def run(model, prompts, setting, max_new_tokens, batch, longest, executables=Non
     (pass one `executables` to calls that should share what earlier ones compiled)."""
     from sbd_jax.decoding.block_choice import decoder_for
     from sbd_jax.decoding.generate import Executables, generate_batched
-    from sbd_jax.decoding.settings import Settings
+    from sbd_jax.decoding.settings import Mode, Settings
 
-    decoder = decoder_for(model.config, 1 if setting["mode"] == "ntp" else setting["block_size"], max_new_tokens,
-                          Settings(mode="sbd", verify=True, drafts=setting.get("drafts", "sbd")))
+    decoder = decoder_for(model.config, 1 if setting["mode"] == Mode.NTP else setting["block_size"], max_new_tokens,
+                          Settings(mode=Mode.SBD, verify=True, drafts=setting.get("drafts", "sbd")))
     generations, timing = generate_batched(decoder, model.params, prompts, batch, pad_to=longest,
                                            executables=Executables() if executables is None else executables)
     return generations, (timing.prefill_seconds, timing.decode_seconds)

@@ -39,6 +39,7 @@ import os
 import sys
 
 from benchmarks.verify import run
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def pass_kind(drafts: str) -> str:
     """The draft source whose pass has the same tokens as `drafts`' (hybrid's pass is SBD's)."""
-    return "lookup" if drafts == "lookup" else "sbd"
+    return Drafts.LOOKUP if drafts == Drafts.LOOKUP else Drafts.SBD
 
 
 def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables, drafts="sbd"):
@@ -74,7 +75,7 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
         pass_tokens,
     )
     from sbd_jax.decoding.generate import Executables
-    from sbd_jax.decoding.settings import Settings
+    from sbd_jax.decoding.settings import Mode, Settings
     from sbd_jax.roofline import HARDWARE, slowdown
 
     longest = max(map(len, prompts + calibration))
@@ -82,7 +83,7 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
     calibrated = calibrate(model, calibration, blocks, max_new_tokens, batch=len(calibration)).tokens_per_forward
     slots = {k: cache_slots(model.config, prompts, k, max_new_tokens, longest) for k in (1, *blocks)}
     rows, sources = [], ("sbd", *others)
-    verified = {drafts: Settings(mode="sbd", verify=True, drafts=drafts) for drafts in sources}
+    verified = {drafts: Settings(mode=Mode.SBD, verify=True, drafts=drafts) for drafts in sources}
     for batch in batches:
         n_prompts = min(-(-min_prompts // batch) * batch, len(prompts) // batch * batch)
         # sbd and hybrid passes have the same 2k tokens: one timing serves both

@@ -22,7 +22,7 @@ import jax
 
 from sbd_jax.decoding.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
 from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate
-from sbd_jax.decoding.settings import Settings
+from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.errors import PromptError, UserError
 from sbd_jax.model.config import DType
 
@@ -86,7 +86,7 @@ class SBDModel:
         lookup match, fallback blocks and max_new_tokens; its block size is what is chosen) or `Settings`
         keyword options (`max_new_tokens=`, `drafts=`, ...) with mode sbd and verify implied. Its
         `describe()` says what it measured."""
-        settings = settings_of(settings, options, mode="sbd", verify=True)
+        settings = settings_of(settings, options, mode=Mode.SBD, verify=True)
         return measure_block_choice(self, self.encode_batch(prompts, chat), batch, block_sizes,
                                     settings.max_new_tokens, calibration_tokens, verified=settings)
 

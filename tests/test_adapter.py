@@ -75,6 +75,7 @@ def batch_of(rows):
                  jnp.ones(tokens.shape, bool))
 
 
+@pytest.mark.slow  # two objective compiles
 def test_an_identity_adapter_has_exactly_sbds_matp_loss():
     """B = 0 and the mask embedding copied from the base: the two-forward loss is the one-forward MATP term."""
     base = base_params()
@@ -100,6 +101,7 @@ def self_distilled_rows(base, count, length, seed):
     return prompts, [p + r.token_ids for p, r in zip(prompts, outputs)]
 
 
+@pytest.mark.slow  # trains an adapter
 def test_an_adapter_trained_on_the_base_models_outputs_drafts_them_and_ntp_stays_the_base():
     base = base_params()
     _, rows = self_distilled_rows(base, 64, 32, seed=0)
@@ -255,6 +257,7 @@ def test_the_fingerprint_is_the_same_scanned_or_per_layer_in_float32_or_bfloat16
     assert ad.fingerprint(dict(base, norm={"weight": base["norm"]["weight"] * 1.5})) != ad.fingerprint(base)
 
 
+@pytest.mark.slow  # the recipe's evaluation
 def test_the_recipes_evaluation_loads_an_adapter_onto_its_base_scanned(tmp_path):
     from recipes.smollm2_sbd.eval import load as load_for_eval
 

@@ -76,6 +76,7 @@ def test_dry_run_prints_the_plan():
     assert all(p["estimated_minutes"] > 0 for p in plans.values())
 
 
+@pytest.mark.slow  # a whole benchmark run
 def test_verify_batches_table_is_consistent(tmp_path):
     out = tmp_path / "vb.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks.verify_batches", "--batches", "1", "2", "--blocks", "4",

@@ -91,6 +91,7 @@ def test_sample_malformed_prompts_file(tmp_path):
     assert_one_line_error(run("sample.py", "--prompts-file", str(path)), f'{path}:1: expected an object with a "prompt"')
 
 
+@pytest.mark.slow  # real SmolLM2 in two subprocesses; test_shipped_adapter runs sample.py on it
 @requires_smollm2
 def test_sample_sbd_on_smollm2(tmp_path):
     prompts = tmp_path / "p.jsonl"
@@ -110,6 +111,7 @@ def test_verify_needs_sbd_mode():
                           "--mode sbd")
 
 
+@pytest.mark.slow  # times 33 widths; the width rule is tested in-process (test_tree)
 def test_draft_nodes_auto_times_the_widths_and_keeps_ntp_text():
     """`--draft-nodes auto`: the pass widths timed here, each pass at the width the rule picks; NTP's text."""
     model = os.path.join("experiments", "small_scale", "models", "sbd_arith")
@@ -122,6 +124,7 @@ def test_draft_nodes_auto_times_the_widths_and_keeps_ntp_text():
     assert row["token_ids"] == ntp["token_ids"] and row["drafts"] == "tree"
 
 
+@pytest.mark.slow  # three CLI runs of 72 tokens; test_verify decodes the same model in-process
 def test_sample_verify_prints_exactly_the_ntp_text_of_the_shipped_model():
     """The shipped small-scale SBD model: verified SBD writes NTP's text, in fewer passes, at a fixed block
     size and at the one `--block-size auto` measures."""

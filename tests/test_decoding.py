@@ -13,6 +13,7 @@ from sbd_jax.model import masks
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import append, init_cache
 from sbd_jax.model.transformer import Transformer, init_params
+from tests.conftest import slow_case
 
 CFG = ModelConfig(model_type="qwen2", vocab_size=101, hidden_size=64, intermediate_size=128, num_layers=2,
                   num_heads=4, num_kv_heads=2, head_dim=16, qkv_bias=True, max_position_embeddings=512)
@@ -190,7 +191,7 @@ def test_bad_prompts(params):
         generate(decoder, params, [[1, 101]])
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
+@pytest.mark.parametrize("scan_layers", [slow_case(False), True])
 def test_decoding_loops_write_the_cache_in_place(params, scan_layers):
     """No decoding step copies the KV cache: the only whole-cache copies are the two (K and V) of the
     cache handed to `decode`, made once before its loop. A step that copies it costs time in proportion

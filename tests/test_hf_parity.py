@@ -9,6 +9,7 @@ import transformers
 
 from sbd_jax.checkpoints import hf
 from sbd_jax.model.transformer import Transformer
+from tests.conftest import slow_case
 from tests.hf_models import torch_logits
 
 TOKENS = np.random.RandomState(0).randint(0, 97, (2, 48))  # 48 > 32 original positions: llama3 scaling acts
@@ -38,7 +39,7 @@ def test_logits_match_transformers_and_export_round_trips(tiny_hf_dir, tmp_path,
     np.testing.assert_allclose(torch_logits(reloaded.eval(), TOKENS), reference, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("scan_layers, remat", [(True, "none"), (False, "full"), (True, "dots")])
+@pytest.mark.parametrize("scan_layers, remat", [slow_case(True, "none"), (False, "full"), slow_case(True, "dots")])
 def test_scan_and_remat_do_not_change_logits_or_gradients(tiny_hf_dir, scan_layers, remat):
     path, torch_model = tiny_hf_dir("qwen3")
     plain_cfg = hf.read_config(path)

@@ -15,6 +15,7 @@ from sbd_jax.decoding.lookup import lookup_drafts, lookup_once, replay_lookup
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
+from tests.conftest import slow_case
 from tests.test_verify import PROMPTS, model
 
 
@@ -43,10 +44,9 @@ def test_lookup_proposes_what_followed_the_latest_longest_match():
 
 
 @pytest.mark.parametrize("name, drafts, k, min_match", [
-    ("llama", "lookup", 1, 1), ("llama", "lookup", 4, 1), ("qwen3", "lookup", 8, 1), ("llama", "hybrid", 1, 1),
-    ("llama", "hybrid", 4, 1),
-    ("qwen3", "hybrid", 8, 1),
-    ("llama", "lookup", 4, 2), ("qwen3", "hybrid", 8, 2)])  # passes without drafts: one-token passes
+    slow_case("llama", "lookup", 1, 1), ("llama", "lookup", 4, 1), slow_case("qwen3", "lookup", 8, 1),
+    slow_case("llama", "hybrid", 1, 1), slow_case("llama", "hybrid", 4, 1), slow_case("qwen3", "hybrid", 8, 1),
+    slow_case("llama", "lookup", 4, 2), ("qwen3", "hybrid", 8, 2)])  # passes without drafts: one-token passes
 def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k, min_match):
     cfg, params = model(name)
     free = generate(NTPDecoder(cfg, max_new_tokens=24), params, PROMPTS)[0]
@@ -73,7 +73,7 @@ class AlwaysWide(VerifiedSBDDecoder):
         return jnp.int32(len(self.pass_widths) - 1)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [slow_case(0.0), 1.0])
 def test_a_pass_without_drafts_runs_one_token_and_decodes_as_the_wide_pass(temperature):
     cfg, params = model("llama")
     options = dict(max_new_tokens=24, block_size=8, drafts="lookup", lookup_min_match=3, temperature=temperature)
@@ -142,15 +142,17 @@ def test_settings_as_ntp_keep_length_and_sampling_and_drop_every_draft_option(dr
     assert verified.as_ntp() == Settings(max_new_tokens=40, temperature=0.5, top_p=0.9)
 
 
-def test_no_decoder_emits_the_mask_token_even_where_the_model_prefers_it():
+@pytest.mark.parametrize("options", [
+    slow_case(dict()), slow_case(dict(mode="sbd", block_size=4)), dict(mode="sbd", block_size=4, gamma=100.0),
+    *(slow_case(dict(mode="sbd", verify=True, drafts=d, block_size=4)) for d in ("sbd", "lookup")),
+    dict(mode="sbd", verify=True, drafts="hybrid", block_size=4)])
+def test_no_decoder_emits_the_mask_token_even_where_the_model_prefers_it(options):
     cfg, params = model("llama")
     favoured = dict(params, lm_head={"kernel": params["lm_head"]["kernel"].at[:, cfg.mask_token_id].set(50.0)})
-    for options in (dict(), dict(mode="sbd", block_size=4), dict(mode="sbd", block_size=4, gamma=100.0),
-                    *(dict(mode="sbd", verify=True, drafts=d, block_size=4) for d in ("sbd", "lookup", "hybrid"))):
-        for temperature, top_p in ((0.0, 1.0), (3.0, 0.5)):
-            settings = Settings(max_new_tokens=12, temperature=temperature, top_p=top_p, **options)
-            results, _ = generate(settings.decoder(cfg), favoured, PROMPTS, seed=3)
-            assert all(cfg.mask_token_id not in r.token_ids for r in results), (options, temperature)
+    for temperature, top_p in ((0.0, 1.0), (3.0, 0.5)):
+        settings = Settings(max_new_tokens=12, temperature=temperature, top_p=top_p, **options)
+        results, _ = generate(settings.decoder(cfg), favoured, PROMPTS, seed=3)
+        assert all(cfg.mask_token_id not in r.token_ids for r in results), (options, temperature)
 
 
 def test_the_block_size_rule_refuses_impossible_measurements():

@@ -10,6 +10,7 @@ from sbd_jax.model.attention import attention, blockwise_sbd_attention, referenc
 from sbd_jax.model.masks import SBDTrainingMask, sbd_allowed, tile_visits
 from sbd_jax.model.sharding import make_mesh
 from sbd_jax.model.splash import SBDSplashMask, splash_sbd_attention
+from tests.conftest import slow_case
 
 
 def spec_mask(seq_len, k):
@@ -84,7 +85,7 @@ def assert_kernel_matches_reference(kernel, seg, k, n_kv, g, h, seed, traced_ran
         np.testing.assert_allclose(a, r, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("seq_len, k, tile", [(256, 16, 128), (256, 5, 128), (512, 2, 256)])
+@pytest.mark.parametrize("seq_len, k, tile", [slow_case(256, 16, 128), (256, 5, 128), slow_case(512, 2, 256)])
 def test_blockwise_equals_reference_values_and_gradients(seq_len, k, tile):
     seg = np.ones((2, seq_len), np.int32)
     seg[1, seq_len // 3:] = 2  # packed second document in row 1
@@ -107,7 +108,7 @@ def test_tile_visits_are_exactly_the_tiles_the_mask_allows_for_one_size_and_thei
     assert not union.all()  # clean queries never see noisy keys, whatever the size
 
 
-@pytest.mark.parametrize("k", [2, 5, 16])
+@pytest.mark.parametrize("k", [slow_case(2), 5, slow_case(16)])
 def test_blockwise_with_a_traced_block_size_equals_reference(k):
     """One compiled kernel for sizes 2..16 (the union tile schedule), exact for each size."""
     seg = np.ones((2, 256), np.int32)
@@ -147,8 +148,8 @@ def test_splash_mask_is_computed_from_indices_and_equals_the_spec():
     assert mask == SBDSplashMask(64, 5) and hash(mask) == hash(SBDSplashMask(64, 5)) and mask != SBDSplashMask(64, 6)
 
 
-@pytest.mark.parametrize("n_kv, g", [(2, 2), (2, 1)], ids=["gqa", "mha"])
-@pytest.mark.parametrize("k", [3, 16])
+@pytest.mark.parametrize("k, n_kv, g", [(3, 2, 2), slow_case(3, 2, 1), slow_case(16, 2, 2), slow_case(16, 2, 1)],
+                         ids=["3-gqa", "3-mha", "16-gqa", "16-mha"])
 def test_splash_under_a_2x2x2_mesh_equals_reference(n_kv, g, k):
     """shard_map over (data, fsdp, tensor): batch 4 over data x fsdp, kv heads over tensor; packed rows."""
     mesh = make_mesh((2, 2, 2))

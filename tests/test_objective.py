@@ -19,6 +19,7 @@ from sbd_jax.training.objective import (
     sbd_loss,
     training_inputs,
 )
+from tests.conftest import slow_case
 from tests.test_masks_attention import spec_mask
 
 CFG = ModelConfig(model_type="llama", vocab_size=50, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -102,6 +103,7 @@ def test_loss_equals_per_token_reference():
     assert int(metrics["ntp_tokens"]) == n_ntp and int(metrics["matp_tokens"]) == n_matp
 
 
+@pytest.mark.slow  # gradients through both attentions; test_masks_attention checks the kernels
 def test_blockwise_attention_gives_the_same_loss_and_gradients():
     seq_len = 128
     rng = np.random.RandomState(1)
@@ -189,7 +191,7 @@ def test_a_chat_document_ends_at_its_eos_and_its_tail_repeats_that_eos():
     assert on_edge.loss_mask[0, 6] == 0
 
 
-@pytest.mark.parametrize("revealed", [(), (2,), (0, 3)])
+@pytest.mark.parametrize("revealed", [slow_case(()), (2,), slow_case((0, 3))])
 def test_training_layout_equals_block_decoding_when_the_answer_ends_inside_a_block(revealed):
     """The noisy logits of a block where the answer ends (EOS at its 1st position) equal the decoding
     pass over the cached prefix with that block: masks after EOS, some positions already revealed."""

@@ -14,6 +14,7 @@ from sbd_jax.decoding.token_choice import TWO_REDUCTIONS_FROM_VOCAB, eb_reveal, 
 from sbd_jax.errors import UserError
 from sbd_jax.model.kv_cache import append, init_cache
 from sbd_jax.model.transformer import Transformer, init_params
+from tests.conftest import slow_case
 from tests.test_decoding import CFG as BASE_CFG
 from tests.test_decoding import PROMPTS
 
@@ -123,8 +124,8 @@ def reference_sbd(params, prompt, max_new, k, gamma, eos=()):
     return out, nfe, passes
 
 
-@pytest.mark.parametrize("gamma", [0.0, 0.5, 3.0])
-@pytest.mark.parametrize("k, max_new", [(4, 12), (3, 10)])
+@pytest.mark.parametrize("gamma, k, max_new", [(0.0, 4, 12), slow_case(0.5, 4, 12), slow_case(3.0, 4, 12),
+                                                slow_case(0.0, 3, 10), (0.5, 3, 10), slow_case(3.0, 3, 10)])
 def test_block_decoding_equals_uncached_reference(params, gamma, k, max_new):
     decoder = SBDDecoder(CFG, max_new_tokens=max_new, block_size=k)
     results, _ = generate(decoder, params, PROMPTS, gamma=gamma)
@@ -139,6 +140,7 @@ def test_block_decoding_equals_uncached_reference(params, gamma, k, max_new):
         assert nfe <= max_new
 
 
+@pytest.mark.slow  # an uncached forward per pass; the block decoder against its uncached reference stays
 def test_pass_logits_equal_uncached_forward(params):
     """First block (commits 1 token), a middle block's 2k pass with its fallback blocks (each after a prefix
     of the pending tokens), and a refine pass, at fp32 1e-5."""

@@ -18,6 +18,7 @@ from sbd_jax.data.chunks import (
 from sbd_jax.data.config import DataConfig
 from sbd_jax.data.packing import Batch, read_records
 from sbd_jax.errors import UserError
+from tests.conftest import slow_case
 from tests.test_data import char_tokenizer
 
 
@@ -103,7 +104,7 @@ def test_one_host_reading_two_shards_sees_what_two_hosts_see_together(tmp_path):
     assert all(np.all(np.diff(r[r > 0]) >= 0) for r in rows)
 
 
-@pytest.mark.parametrize("workers,taken", [(0, 7), (2, 7), (0, 0), (2, 1)])
+@pytest.mark.parametrize("workers,taken", [(0, 7), slow_case(2, 7), (0, 0), slow_case(2, 1)])
 def test_a_restored_stream_continues_exactly(tmp_path, workers, taken):
     """Also saved before any batch, or after one with two workers: the second has served nothing yet."""
     tok = char_tokenizer(tmp_path)
@@ -194,7 +195,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("when", ["starting", "served"])
+@pytest.mark.parametrize("when", [slow_case("starting"), "served"])
 def test_the_workers_of_a_killed_run_exit_with_it(tmp_path, when):
     import os
     import subprocess

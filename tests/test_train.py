@@ -81,6 +81,7 @@ def test_a_wsd_decay_branch_continues_the_long_run_it_starts_from(tmp_path):
         Trainer(branch, str(tmp_path / "other")).run()
 
 
+@pytest.mark.slow  # compiles a step per block size
 def test_one_compiled_step_for_every_block_size_equals_the_step_compiled_for_that_size():
     import dataclasses
     import functools
@@ -250,6 +251,7 @@ def test_at_most_two_steps_are_in_flight(tmp_path):
     assert int(proc.stdout.split()[-1]) <= 1  # when step N is dispatched, at most step N - 1 still runs
 
 
+@pytest.mark.slow  # a 9-step run
 @requires_smollm2
 def test_keep_period_keeps_milestones_beyond_the_latest_checkpoints(tmp_path):
     cfg = quick_config(train__steps=8, checkpoint__every=2, checkpoint__keep=1, checkpoint__keep_period=4)
@@ -258,6 +260,7 @@ def test_keep_period_keeps_milestones_beyond_the_latest_checkpoints(tmp_path):
     assert sorted(map(int, os.listdir(tmp_path / "checkpoints"))) == [4, 8]  # 2 and 6 rotated out
 
 
+@pytest.mark.slow  # a run to the failing step
 @requires_smollm2
 def test_a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     # Warmup makes step 1's learning rate 0; step 2's (1e30) blows the weights up, so step 3 is not finite.
@@ -291,6 +294,7 @@ def test_bad_mesh_for_the_devices(tmp_path):
         Trainer(cfg, str(tmp_path))
 
 
+@pytest.mark.slow  # several runs start; test_train_cli_reports_bad_input_in_one_line keeps the CLI path
 @requires_smollm2
 def test_bad_data_and_mask_token(tmp_path):
     bad = tmp_path / "bad.jsonl"
@@ -332,6 +336,7 @@ def test_8b_configs_compile_on_8_devices_and_fit_80gb(config):
     assert report["per_device_gib"] < 80, report
 
 
+@pytest.mark.slow  # two runs
 @requires_smollm2
 def test_mismatched_checkpoint_in_workdir_is_refused(tmp_path):
     cfg = quick_config(train__steps=1)

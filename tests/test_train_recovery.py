@@ -93,7 +93,8 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_restores_and_says_which
 
 
 @requires_smollm2
-@pytest.mark.parametrize("failing", ["save", pytest.param("check_for_errors", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a run to its failing save (a second, with Orbax's error check)
+@pytest.mark.parametrize("failing", ["save", "check_for_errors"])
 def test_a_failed_save_stops_the_run_at_once_in_one_line(tmp_path, monkeypatch, failing):
     """Item 9: a full disk at a save gave 605 lines and 25 tracebacks, and two more steps trained past the
     failed save. `save`: the save itself fails; `check_for_errors`: an async save failed in the background

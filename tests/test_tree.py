@@ -20,6 +20,7 @@ from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.kv_cache import append
 from sbd_jax.model.transformer import Transformer, forward, init_params
 from tests import test_verify_sampling as sampling
+from tests.conftest import slow_case
 
 CFG = ModelConfig(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                   num_kv_heads=2, head_dim=8, max_position_embeddings=256, eos_token_ids=(7,))
@@ -79,8 +80,9 @@ def tree_decoder(source, nodes=6, widths=(), costs=(), max_new=24, cls=VerifiedS
                widths=widths, costs=costs, **kw)
 
 
-@pytest.mark.parametrize("name", list(SOURCES))
-@pytest.mark.parametrize("nodes,widths,costs", [(1, (), ()), (6, (), ()), (12, (1, 4, 13), (1.0, 1.3, 2.0))])
+@pytest.mark.parametrize("name, nodes, widths, costs", [
+    (name, *case) if (name, case[0]) in (("context", 6), ("mixed", 12)) else slow_case(name, *case)
+    for case in ((1, (), ()), (6, (), ()), (12, (1, 4, 13), (1.0, 1.3, 2.0))) for name in SOURCES])
 def test_greedy_tree_decoding_is_ntp_alone_and_in_a_batch(name, nodes, widths, costs):
     expected = ntp_outputs(PROMPTS, 24)
     decoder = tree_decoder(SOURCES[name], nodes, widths, costs)
@@ -151,8 +153,8 @@ def test_the_greedy_check_rejects_an_inexact_tree_verifier(broken):
     assert outputs != expected
 
 
-@pytest.mark.parametrize("name,temperature,top_p", [("successors", 1.0, 1.0), ("mixed", 0.7, 0.9),
-                                                    ("sbd-tree", 1.0, 1.0)])
+@pytest.mark.parametrize("name,temperature,top_p", [slow_case("successors", 1.0, 1.0), ("mixed", 0.7, 0.9),
+                                                    slow_case("sbd-tree", 1.0, 1.0)])
 def test_tree_sampling_draws_from_ntp_distribution(name, temperature, top_p):
     source = {"successors": Successors(depth=2, beam=3), "mixed": Mixed((ContextTrie(depth=2), Successors(depth=2))),
               "sbd-tree": SBDBlock(3, fallback_blocks=1, top_k=2)}
@@ -197,7 +199,7 @@ def test_a_node_whose_parent_is_absent_is_absent_too():
     assert not np.asarray(t.present).any()
 
 
-@pytest.mark.parametrize("k, fallback", [(8, 0), (8, 3)])
+@pytest.mark.parametrize("k, fallback", [slow_case(8, 0), (8, 3)])
 def test_sbd_block_tree_is_ntp_and_keeps_more_than_the_chain_on_the_trained_model(k, fallback):
     """DDTree's tree from the masked block's per-position top tokens (SBD's own model: the arithmetic study's),
     blocks after the most likely path and along it: NTP's output, and here (drafts mostly right) no more forwards

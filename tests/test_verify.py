@@ -15,7 +15,7 @@ from sbd_jax.decoding.sbd import SBDDecoder
 from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.model.transformer import Transformer, init_params
-from tests.conftest import requires_smollm2
+from tests.conftest import requires_smollm2, slow_case
 from tests.test_decoding import CFG as QWEN2
 
 MASK = 37  # an ordinary vocabulary id: the models were never trained to fill blocks
@@ -43,8 +43,8 @@ def ntp(name, max_new, eos=()):
     return generate(NTPDecoder(cfg, max_new_tokens=max_new, eos_ids=eos), params, PROMPTS)[0]
 
 
-@pytest.mark.parametrize("name", list(CONFIGS))
-@pytest.mark.parametrize("k", [1, 3, 4, 16])
+@pytest.mark.parametrize("name, k", [(n, k) if (n, k) in (("llama", 4), ("qwen3", 16)) else slow_case(n, k)
+                                     for k in (1, 3, 4, 16) for n in CONFIGS])
 def test_verified_output_equals_greedy_ntp(name, k):
     cfg, params = model(name)
     free = ntp(name, 20)
@@ -135,8 +135,8 @@ def trained_arithmetic_model(questions=("c5b7a2+b8a6", "a9+a9", "e1d2c3b4a5+d9c9
     return loaded.config, jax.device_put(loaded.params), prompts
 
 
-@pytest.mark.parametrize("which", ["random", "trained"])
-@pytest.mark.parametrize("k", [4, 8])
+@pytest.mark.parametrize("which, k", [slow_case("random", 4), ("trained", 4), slow_case("random", 8),
+                                      slow_case("trained", 8)])
 def test_accounting_equals_the_python_reference(which, k):
     if which == "random":
         cfg, params = model("llama")
@@ -155,8 +155,8 @@ def test_accounting_equals_the_python_reference(which, k):
         assert sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results) > 2
 
 
-@pytest.mark.parametrize("which, k, fallback", [("random", 4, 1), ("random", 4, 3), ("trained", 16, 15),
-                                                ("random", 3, 5)])
+@pytest.mark.parametrize("which, k, fallback", [slow_case("random", 4, 1), ("random", 4, 3),
+                                                slow_case("trained", 16, 15), slow_case("random", 3, 5)])
 def test_fallback_blocks_keep_ntp_output_and_draft_after_a_rejection(which, k, fallback):
     """Fallback blocks (one per place a draft can be rejected, at most k - 1 used) run in the verifying pass
     itself: their drafts equal those of a block computed after exactly the tokens kept, and the output is NTP's."""
@@ -200,7 +200,7 @@ def test_verified_smollm2_with_an_untrained_mask_token_equals_ntp():
     assert sum(r.drafted - r.accepted for r in results) > 0  # rejections happened
 
 
-@pytest.mark.parametrize("k", [2, 5, 16])
+@pytest.mark.parametrize("k", [slow_case(2), 5, slow_case(16)])
 def test_verified_output_equals_ntp_where_drafts_are_accepted(k):
     """The trained model accepts most drafts, so this matrix runs the acceptance paths: limits at and
     around the block size, rows batched together or alone, EOS wherever the answers end."""
@@ -249,6 +249,7 @@ def test_the_block_size_rule_picks_the_best_predicted_speedup_or_ntp():
         choose_block_size({4: 2.0}, {8: 1.0}, 1.0)
 
 
+@pytest.mark.slow  # every recorded mode label decoded
 def test_recorded_settings_decode_with_the_decoder_they_name():
     """The setting dicts results record (mode labels of the recipes and the study) build the right decoder."""
     from sbd_jax.evaluation.measure import EvaluatedModel, decode

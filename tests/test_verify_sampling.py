@@ -24,6 +24,7 @@ from sbd_jax.decoding.token_choice import sampling_logits, without_token
 from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.model.config import ModelConfig
 from sbd_jax.model.transformer import Transformer, init_params
+from tests.conftest import slow_case
 
 VOCAB, MASK = 9, 8
 CFG = ModelConfig(model_type="llama", vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -105,7 +106,7 @@ def decoder(kind, temperature, top_p, block_size=3, **kw):
     return kind(CFG, max_new_tokens=NEW, block_size=block_size, temperature=temperature, top_p=top_p, **kw)
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.8)])
+@pytest.mark.parametrize("temperature, top_p", [slow_case(1.0, 1.0), (0.7, 0.8)])
 def test_verified_sampling_draws_from_ntp_distribution(temperature, top_p):
     expected = ntp_joint(temperature, top_p)
     counts, results = sampled_joint(decoder(VerifiedSBDDecoder, temperature, top_p), seed=0)
@@ -116,7 +117,7 @@ def test_verified_sampling_draws_from_ntp_distribution(temperature, top_p):
     assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)
 
 
-@pytest.mark.parametrize("broken", [AcceptsEveryDraft, ReplacesFromP])
+@pytest.mark.parametrize("broken", [slow_case(AcceptsEveryDraft), ReplacesFromP])
 def test_the_distribution_test_rejects_an_inexact_verifier(broken):
     expected = ntp_joint(1.0, 1.0)
     counts, _ = sampled_joint(decoder(broken, 1.0, 1.0), seed=0)
@@ -171,6 +172,7 @@ def hand_made_joint(temperature, top_p):
     return joint / joint.sum()
 
 
+@pytest.mark.slow  # the same ratio test as above, with a position-dependent q
 def test_verified_sampling_is_exact_when_q_differs_by_block_position():
     expected = hand_made_joint(1.0, 1.0)
     counts, results = sampled_joint(decoder(HandMadeLogits, 1.0, 1.0), seed=0)
@@ -180,6 +182,7 @@ def test_verified_sampling_is_exact_when_q_differs_by_block_position():
     assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)
 
 
+@pytest.mark.slow  # a second mutant of the ratio test; ReplacesFromP stays in the default group
 def test_the_distribution_test_rejects_a_verifier_testing_drafts_against_the_wrong_position():
     expected = hand_made_joint(1.0, 1.0)
     counts, _ = sampled_joint(decoder(HandMadeLogits, 1.0, 1.0, drafts=WrongPositionBlock(3)), seed=0)
@@ -187,7 +190,7 @@ def test_the_distribution_test_rejects_a_verifier_testing_drafts_against_the_wro
     assert total_variation(counts, expected) > 1.5 * sampling_noise(expected, ROWS)
 
 
-@pytest.mark.parametrize("drafts, temperature, top_p", [("lookup", 1.0, 1.0), ("hybrid", 0.7, 0.8)])
+@pytest.mark.parametrize("drafts, temperature, top_p", [slow_case("lookup", 1.0, 1.0), ("hybrid", 0.7, 0.8)])
 def test_lookup_and_hybrid_drafts_sample_exactly_ntp_distribution(drafts, temperature, top_p):
     """Lookup's drafts are point masses (accepted with probability p(d), else a draw from p without d);
     hybrid chooses its source from what was decided before the block, so each draft's q is known."""
@@ -204,7 +207,7 @@ def test_lookup_and_hybrid_drafts_sample_exactly_ntp_distribution(drafts, temper
     assert total_variation(counts, expected) < 1.5 * sampling_noise(expected, ROWS)
 
 
-@pytest.mark.parametrize("drafts, temperature, top_p", [("sbd", 1.0, 1.0), ("hybrid", 0.7, 0.8)])
+@pytest.mark.parametrize("drafts, temperature, top_p", [("sbd", 1.0, 1.0), slow_case("hybrid", 0.7, 0.8)])
 def test_fallback_block_drafts_sample_exactly_ntp_distribution(drafts, temperature, top_p):
     """After a rejected draft the next drafts come from the fallback block placed after the tokens kept: which
     block is read from this pass's test (decided tokens), and each block's q from the tokens before it alone."""

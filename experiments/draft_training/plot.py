@@ -18,6 +18,7 @@ import json
 import os
 
 from experiments.draft_training.run import FALLBACK_KEY
+from sbd_jax.decoding.drafts import Drafts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -27,7 +28,7 @@ LOOKUP = os.path.join(ROOT, "benchmarks", "results", "hybrid_rule_cpu.json")
 def lookup_tokens_per_forward(block_size: int) -> float:
     with open(LOOKUP) as f:
         rows = json.load(f)["real_text"]
-    return next(r["tokens_per_forward"] for r in rows if r["drafts"] == "lookup" and r["block_size"] == block_size)
+    return next(r["tokens_per_forward"] for r in rows if r["drafts"] == Drafts.LOOKUP and r["block_size"] == block_size)
 
 
 def plot(results: dict, out: str) -> None:

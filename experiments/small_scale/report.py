@@ -8,6 +8,7 @@ import sys
 import textwrap
 from typing import Any, Sequence
 
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.results import render_from_json
 from sbd_jax.evaluation.scoring import find, one, paired_difference
 
@@ -142,8 +143,8 @@ def speed_rows(results: dict) -> list[str]:
                 "tokens / pass (test)", "time(k)/time(1)"), _row(*["---"] * 10)]
     tests = [e for e in results["entries"] if e["split"] == "test" and e["model"] == results["headline_model"]]
     for e in speed:
-        ntp = one(speed, batch=e["batch"], mode="ntp")
-        per_pass = 1.0 if e["mode"] == "ntp" else one(tests, mode="sbd", block_size=e["block_size"],
+        ntp = one(speed, batch=e["batch"], mode=Mode.NTP)
+        per_pass = 1.0 if e["mode"] == Mode.NTP else one(tests, mode="sbd", block_size=e["block_size"],
                                                       gamma=e["gamma"])["tokens_per_pass"]
         out.append(_row(e["batch"], e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"],
                         f"{e['tokens_per_second']:.0f}", f"{e['tokens_per_second'] / ntp['tokens_per_second']:.2f}×",

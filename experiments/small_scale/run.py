@@ -25,6 +25,7 @@ from typing import Sequence
 
 from experiments.small_scale.config import FULL, SMOKE, get_config, stable_steps
 from experiments.small_scale.evaluate import settings
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.errors import UserError
 from sbd_jax.evaluation.results import provenance, write_json
 
@@ -138,7 +139,7 @@ def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) ->
         for setting in chosen:
             rate, with_prefill = ev.tokens_per_second(model, setting, problems, sizes["max_new_tokens"], batch,
                                                       sizes["speed_repeats"])
-            cost = forward_cost_ratio(model, setting["block_size"]) if setting["mode"] == "sbd" else 1.0
+            cost = forward_cost_ratio(model, setting["block_size"]) if setting["mode"] == Mode.SBD else 1.0
             out.append({"model": name, **setting, "split": "speed", "n": len(problems), "batch": batch,
                         "tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill,
                         "forward_cost_ratio": cost})

@@ -29,6 +29,8 @@ import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 from recipes.smollm2_sbd.distill import repeats_a_window
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.scoring import first_difference
 from sbd_jax.model.config import RUN_DTYPES, backend_dtype
 
@@ -54,7 +56,7 @@ def drafts_setting(block_size: int, drafts: str, fallback_blocks: int = 0) -> di
     Hybrid's setting names the rule that chooses between the sources, so results of another rule are not reused."""
     from sbd_jax.decoding.chain_drafts import HYBRID_RULE
 
-    rule = {"hybrid_rule": HYBRID_RULE} if drafts == "hybrid" else {}
+    rule = {"hybrid_rule": HYBRID_RULE} if drafts == Drafts.HYBRID else {}
     return with_fallback(dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True,
                               drafts=drafts, **rule), fallback_blocks)
 
@@ -153,7 +155,7 @@ def choose_gamma(validation: list[dict], block_size: int) -> float | None:
 
 def plain_rows(validation: list[dict], block_size: int) -> list[dict]:
     """The validation grid's plain SBD summaries at `block_size` that γ may be chosen from (γ > 0)."""
-    return [s for s in validation if s["mode"] == "sbd" and s["block_size"] == block_size and s["gamma"] > 0]
+    return [s for s in validation if s["mode"] == Mode.SBD and s["block_size"] == block_size and s["gamma"] > 0]
 
 
 def humaneval_scores(entry: dict, tokenizer: Any, problems: list[dict]) -> list[bool]:
@@ -255,7 +257,7 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
                         "forward_cost_ratio_h100_roofline": slowdown(h100, shape, batch, k, context)})
             print(f"speed batch {batch} {setting['mode']} k={k} γ={setting['gamma']}: {rate:.1f} tokens/s", flush=True)
     for row in out:
-        ntp = next(r for r in out if r["batch"] == row["batch"] and r["mode"] == "ntp")
+        ntp = next(r for r in out if r["batch"] == row["batch"] and r["mode"] == Mode.NTP)
         row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
     return out
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 
 from sbd_jax.decoding.chain_drafts import fallbacks_used
 from sbd_jax.decoding.drafts import Drafts
-from sbd_jax.decoding.settings import Settings
+from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import WithWeights
 
@@ -82,7 +82,7 @@ class BlockChoice:
             for k, s in self.predicted_speedups.items())
 
 
-VERIFIED = Settings(mode="sbd", verify=True)  # the drafts the rule calibrates unless told: SBD's block
+VERIFIED = Settings(mode=Mode.SBD, verify=True)  # the drafts the rule calibrates unless told: SBD's block
 
 
 def at_block_size(verified: Settings, block_size: int, max_new_tokens: int) -> Settings:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from sbd_jax.decoding.base import DecodeOutput, Decoder, TracedSettings, check_block_size, check_proxy, kept_through_eos
-from sbd_jax.decoding.token_choice import draw, eb_reveal, sampling_logits, uncertainty, without_token
+from sbd_jax.decoding.token_choice import Proxy, draw, eb_reveal, sampling_logits, uncertainty, without_token
 from sbd_jax.errors import UserError
 from sbd_jax.model import masks
 from sbd_jax.model.kv_cache import KVCache, append
@@ -108,11 +108,11 @@ class SBDDecoder(BlockDecoder):
     so sweeping it never recompiles.
     """
 
-    proxy: str = "entropy"
+    proxy: Proxy = Proxy.ENTROPY
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_proxy(self.proxy)
+        object.__setattr__(self, "proxy", check_proxy(self.proxy))  # a name given as a str
 
     @property
     def num_blocks(self) -> int:

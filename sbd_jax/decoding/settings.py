@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sbd_jax.choice import Choice
 from sbd_jax.decoding.base import (
     DEFAULT_GAMMA,
     Decoder,
@@ -19,10 +20,16 @@ from sbd_jax.decoding.base import (
 )
 from sbd_jax.decoding.drafts import Drafts, check_fallback_blocks, check_lookup_min_match, draft_source
 from sbd_jax.decoding.sbd import SBDDecoder
+from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES, VerifiedSBDDecoder, check_pass_widths
 from sbd_jax.errors import UserError
 
-MODES = ("ntp", "sbd")
+
+class Mode(Choice):
+    """How a decoder emits tokens."""
+
+    NTP = "ntp"  # one token per forward
+    SBD = "sbd"  # blocks of tokens per forward (verify: only the tokens NTP would have emitted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,11 +37,11 @@ class Settings:
     """How to decode. Every field is checked here, once, when the settings are made (before any model
     is loaded); `decoder` then builds the decoder class that runs them."""
 
-    mode: str = "ntp"  # ntp: one token per forward; sbd: blocks of tokens per forward
+    mode: Mode = Mode.NTP
     max_new_tokens: int = 128
     block_size: int = 16  # sbd: tokens per block
     gamma: float | None = None  # sbd: entropy budget per pass (None: decoders.DEFAULT_GAMMA); not with verify
-    proxy: str = "entropy"  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
+    proxy: Proxy = Proxy.ENTROPY  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
     drafts: Drafts = Drafts.SBD  # verify: what proposes the drafts (a chain or a tree a pass: `Drafts`)
     lookup_min_match: int = 1  # lookup / hybrid: the shortest n-gram match that proposes drafts (1-4)
@@ -48,8 +55,7 @@ class Settings:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise UserError(f"unknown mode {self.mode!r}: use one of {', '.join(MODES)}")
+        object.__setattr__(self, "mode", Mode.parse(self.mode, "mode"))  # a name given as a str
         check_decoding_options(self.max_new_tokens, self.temperature, self.top_p)
         check_flag("verify", self.verify)
         object.__setattr__(self, "drafts", draft_source(self.drafts))  # a name given as a str
@@ -74,7 +80,7 @@ class Settings:
         if self.drafts != Drafts.SBD and not self.verify:
             raise UserError(f"drafts {self.drafts.value!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")
-        if self.verify and self.mode != "sbd":
+        if self.verify and self.mode != Mode.SBD:
             raise UserError("verify (--verify) checks SBD's drafts: use it with mode 'sbd' (--mode sbd)")
         if self.verify and self.gamma is not None:
             raise UserError("gamma (--gamma) has no effect with verify (--verify): drafts come from one pass and "
@@ -83,8 +89,8 @@ class Settings:
         check_block_size(self.block_size)
         if self.drafts.is_tree and self.block_size < 2:
             raise UserError(f"drafts {self.drafts.value!r} form trees block_size - 1 deep: give block_size >= 2")
-        if self.mode == "sbd":
-            check_proxy(self.proxy)
+        if self.mode == Mode.SBD:
+            object.__setattr__(self, "proxy", check_proxy(self.proxy))
         if self.gamma is not None:
             check_gamma(self.gamma)
 
@@ -102,7 +108,7 @@ class Settings:
         """The decoder that runs these settings for a model of `config`; it stops at the model's EOS ids."""
         common = dict(max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                       eos_ids=config.eos_token_ids)
-        if self.mode == "ntp":
+        if self.mode == Mode.NTP:
             return NTPDecoder(config, **common)
         if self.verify:
             return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts,

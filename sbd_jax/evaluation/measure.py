@@ -15,7 +15,7 @@ import numpy as np
 from sbd_jax.checkpoints.tokenizer import encode_prompt
 from sbd_jax.data.packing import Batch, load_packed
 from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
-from sbd_jax.decoding.settings import Settings
+from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.evaluation.arithmetic import Problem, final_result
 from sbd_jax.evaluation.scoring import wilson
@@ -74,8 +74,8 @@ def decode(model: EvaluatedModel, setting: dict, prompts: Sequence[Sequence[int]
     """Greedy decoding of token-id prompts `batch` at a time (0: all in one batch) with a setting: a dict
     of mode, block_size, gamma, proxy, verify, drafts, lookup_min_match and fallback_blocks, as results record it (every mode but "ntp" names a
     block decoder: "sbd", "sbd_verified", "verified_lookup", ...; `verify`, `drafts` and `proxy` say which)."""
-    ntp = setting["mode"] == "ntp"
-    settings = Settings(mode="ntp" if ntp else "sbd", max_new_tokens=max_new_tokens,
+    ntp = setting["mode"] == Mode.NTP
+    settings = Settings(mode=Mode.NTP if ntp else Mode.SBD, max_new_tokens=max_new_tokens,
                         **({} if ntp else {"block_size": setting["block_size"], "proxy": setting["proxy"] or Proxy.ENTROPY,
                                            "verify": setting.get("verify", False),
                                            "drafts": setting.get("drafts", "sbd"),
