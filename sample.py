@@ -236,8 +236,9 @@ def print_batch(args: argparse.Namespace, settings: Any, tokenizer: Any, texts: 
                 "nfe": result.nfe, "tokens_per_pass": result.tokens_per_pass, "seconds": timing.seconds,
                 "prefill_seconds": timing.prefill_seconds, "decode_seconds": timing.decode_seconds,
                 "compile_seconds": timing.compile_seconds, "batch": len(texts), "mode": settings.mode,
-                **({"gamma": settings.entropy_budget, "block_size": settings.block_size,
-                    "reveal_pass": result.reveal_pass, "verify": settings.verify} if settings.mode == Mode.SBD else {}),
+                **({"block_size": settings.block_size, "reveal_pass": result.reveal_pass, "verify": settings.verify}
+                   if settings.mode == Mode.SBD else {}),
+                **({"gamma": settings.entropy_budget} if settings.mode == Mode.SBD and not settings.verify else {}),
                 **({"drafts": settings.drafts, "accepted_fraction": result.accepted_fraction,
                     "drafted": result.drafted, "accepted": result.accepted, "lookup_drafted": result.lookup_drafted,
                     "lookup_accepted": result.lookup_accepted, "corrected": result.corrected}

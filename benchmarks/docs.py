@@ -58,6 +58,13 @@ def lookup_whole_set(split: str) -> Callable[[dict], tuple[str, str, str]]:
     return cells
 
 
+def tree_whole_set(split: str) -> Callable[[dict], tuple[str, str, str]]:
+    def cells(data: dict) -> tuple[str, str, str]:
+        r = pick(data["forwards"], split=split, decoder="tree n=16")
+        return f"{r['tokens_per_forward']:.2f}", identical(r["identical_to_committed_ntp"], r["prompts"]), NOT_TIMED
+    return cells
+
+
 def lookup_speed(*runs: dict) -> tuple[str, str, str]:
     rows = [pick(d["smollm2_base"]["speed"], decoder="lookup k=8 min match 2", batch=1) for d in runs]
     speeds = [r["vs_ntp"] for r in rows]
@@ -114,8 +121,12 @@ ADAPTER_450 = "recipes/smollm2_sbd/results/cpu_adapter_450steps/headline_test.js
 HEADLINE = [
     Row("base SmolLM2-135M (no fine-tune), 200 held-out chat prompts", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("test")),
+    Row("the same", "verified, tree drafts (context matches + the model's own successors), 16 nodes, 7 deep",
+        ("benchmarks/results/tree_decode_forwards_cpu.json",), tree_whole_set("test")),
     Row("base SmolLM2-135M, 164 HumanEval problems", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("humaneval")),
+    Row("the same", "verified, tree drafts, 16 nodes, 7 deep",
+        ("benchmarks/results/tree_decode_forwards_cpu.json",), tree_whole_set("humaneval")),
     Row("base SmolLM2-135M, 8 held-out chat prompts", "verified, lookup drafts, block 8, `--lookup-min-match 2`",
         SPEED_RUNS, lookup_speed),
     Row("SmolLM2-135M + the recipe's gated adapter (450 steps), 200 held-out chat prompts",
