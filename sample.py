@@ -29,6 +29,7 @@ from sbd_jax.decoding.settings import Mode
 from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES
 from sbd_jax.errors import PromptError, UserError
+from sbd_jax.evaluation.recorded import record
 from sbd_jax.model.config import RUN_DTYPES, DType
 
 _COLOURS = [31, 32, 33, 34, 35, 36]  # ANSI foreground colours, cycled by pass
@@ -235,11 +236,9 @@ def print_batch(args: argparse.Namespace, settings: Any, tokenizer: Any, texts: 
                 "prompt": text, "text": result.text, "token_ids": result.token_ids, "new_tokens": n,
                 "nfe": result.nfe, "tokens_per_pass": result.tokens_per_pass, "seconds": timing.seconds,
                 "prefill_seconds": timing.prefill_seconds, "decode_seconds": timing.decode_seconds,
-                "compile_seconds": timing.compile_seconds, "batch": len(texts), "mode": settings.mode,
-                **({"block_size": settings.block_size, "reveal_pass": result.reveal_pass, "verify": settings.verify}
-                   if settings.mode == Mode.SBD else {}),
-                **({"gamma": settings.entropy_budget} if settings.mode == Mode.SBD and not settings.verify else {}),
-                **({"drafts": settings.drafts, "accepted_fraction": result.accepted_fraction,
+                "compile_seconds": timing.compile_seconds, "batch": len(texts), **record(settings),
+                **({"reveal_pass": result.reveal_pass} if settings.mode == Mode.SBD else {}),
+                **({"accepted_fraction": result.accepted_fraction,
                     "drafted": result.drafted, "accepted": result.accepted, "lookup_drafted": result.lookup_drafted,
                     "lookup_accepted": result.lookup_accepted, "corrected": result.corrected}
                    if settings.verify else {}),

@@ -80,9 +80,9 @@ def margins(model, prompts, outputs, positions) -> list[float]:
 
 
 def decode(model, prompts, max_new_tokens, batch, block_size=None) -> list[list[int]]:
-    from benchmarks.verify import run
+    from benchmarks.verify import NTP, run, verified
 
-    setting = {"mode": "ntp"} if block_size is None else {"mode": "verified", "block_size": block_size}
+    setting = NTP if block_size is None else verified(block_size)
     return [g.token_ids for g in run(model, prompts, setting, max_new_tokens, batch, longest=0)[0]]
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 from typing import Callable, NamedTuple
+
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
@@ -65,36 +67,43 @@ def tree_whole_set(split: str) -> Callable[[dict], tuple[str, str, str]]:
     return cells
 
 
-def lookup_speed(*runs: dict) -> tuple[str, str, str]:
-    rows = [pick(d["smollm2_base"]["speed"], decoder="lookup k=8 min match 2", batch=1) for d in runs]
-    speeds = [r["vs_ntp"] for r in rows]
-    r = rows[0]
-    return (f"{r['tokens_per_forward']:.2f}", identical(min(x["identical_to_ntp"] for x in rows), r["prompts"]),
-            f"{statistics.median(speeds):.2f}× (batch 1; median of {len(speeds)} runs, "
-            f"{min(speeds):.2f}–{max(speeds):.2f}×)")
+def speed_at_batch_1(decoder: str) -> Callable[[dict], tuple[str, str, str]]:
+    def cells(data: dict) -> tuple[str, str, str]:
+        r = pick(data["speed"], decoder=decoder, batch=1)
+        return (f"{r['tokens_per_forward']:.2f}", identical(r["identical_to_ntp"], r["prompts"]),
+                f"{r['vs_ntp']:.2f}× (batch 1)")
+    return cells
+
+
+def transformers_lookup(tokens: int) -> Callable[[dict], tuple[str, str, str]]:
+    def cells(data: dict) -> tuple[str, str, str]:
+        r = pick(data["rows"], decoder=f"transformers prompt lookup {tokens}")
+        return (f"{r['tokens_per_forward']:.2f}", f"{identical(r['identical_to_greedy'], data['args']['prompts'])} "
+                "(its own greedy)", f"{r['vs_greedy']:.2f}× its own greedy (batch 1, prefill included)")
+    return cells
 
 
 def recipe_headline(**where: object) -> Callable[[dict], tuple[str, str, str]]:
     def cells(data: dict) -> tuple[str, str, str]:
         r = pick(data["rows"], **where)
-        ntp = pick(data["rows"], model="base", mode="ntp")
+        ntp = pick(data["rows"], model="base", mode=Mode.NTP)
         return (f"{r['tokens_per_forward']:.2f}", identical(r["agreement_with_ntp"] * r["n"], r["n"]),
                 f"{ntp['seconds'] / r['seconds']:.2f}× (batch 16)")
     return cells
 
 
 def small_scale_plain(data: dict) -> tuple[str, str, str]:
-    from experiments.small_scale.report import chosen_on_validation, ntp_bar
+    from experiments.small_scale.report import ENTROPY_BOUNDED, chosen_on_validation, ntp_bar
 
     model = data["headline_model"]
     r = chosen_on_validation(data["entries"], model, 8)
     if r is None:
         raise SystemExit("the small-scale study chose no γ at block 8")
     ntp = ntp_bar(data["entries"], model, "test")
-    speed = {e["mode"]: e for e in data["entries"] if e["split"] == "speed" and e["batch"] == 1
-             and e["block_size"] in (1, 8)}
+    fast = pick(data["entries"], split="speed", batch=1, block_size=8, **ENTROPY_BOUNDED)
+    slow = pick(data["entries"], split="speed", batch=1, mode=Mode.NTP)
     return (f"{r['tokens_per_pass']:.2f}", f"{r['accuracy']:.2%} right (NTP: {ntp['accuracy']:.1%})",
-            f"{speed['sbd']['tokens_per_second'] / speed['ntp']['tokens_per_second']:.2f}× (batch 1)")
+            f"{fast['tokens_per_second'] / slow['tokens_per_second']:.2f}× (batch 1)")
 
 
 def small_scale_verified(data: dict) -> tuple[str, str, str]:
@@ -106,17 +115,16 @@ def small_scale_verified(data: dict) -> tuple[str, str, str]:
 
 def arithmetic_verified(data: dict) -> tuple[str, str, str]:
     entries = data["entries"]
-    r = pick(entries, model="stage2", mode="sbd_verified", block_size=8, split="test")
-    ntp = pick(entries, model="stage2", mode="ntp", split="test")
-    fast = pick(entries, model="stage2", mode="sbd_verified", block_size=8, split="speed", batch=1)
-    slow = pick(entries, model="stage2", mode="ntp", split="speed", batch=1)
+    r = pick(entries, model="stage2", verify=True, block_size=8, split="test")
+    ntp = pick(entries, model="stage2", mode=Mode.NTP, split="test")
+    fast = pick(entries, model="stage2", verify=True, block_size=8, split="speed", batch=1)
+    slow = pick(entries, model="stage2", mode=Mode.NTP, split="speed", batch=1)
     same = "the same" if r["correct"] == ntp["correct"] else "other"
     return (f"{r['tokens_per_pass']:.2f}", f"{same} {r['n']:,} answers right as NTP ({r['accuracy']:.1%})",
             f"{fast['tokens_per_second'] / slow['tokens_per_second']:.2f}× (batch 1)")
 
 
-SPEED_RUNS = tuple(f"benchmarks/results/lookup_decode_{name}_cpu.json" for name in ("speed", "auto", "speed_run3",
-                                                                                       "speed_run4"))
+TREE_SPEED = ("benchmarks/results/tree_decode_speed_cpu.json",)
 ADAPTER_450 = "recipes/smollm2_sbd/results/cpu_adapter_450steps/headline_test.json"
 HEADLINE = [
     Row("base SmolLM2-135M (no fine-tune), 200 held-out chat prompts", "verified, lookup drafts, block 8",
@@ -127,15 +135,21 @@ HEADLINE = [
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("humaneval")),
     Row("the same", "verified, tree drafts, 16 nodes, 7 deep",
         ("benchmarks/results/tree_decode_forwards_cpu.json",), tree_whole_set("humaneval")),
-    Row("base SmolLM2-135M, 8 held-out chat prompts", "verified, lookup drafts, block 8, `--lookup-min-match 2`",
-        SPEED_RUNS, lookup_speed),
+    Row("base SmolLM2-135M, the first 40 held-out chat prompts, one at a time", "NTP with `transformers`' own "
+        "prompt lookup, `generate(prompt_lookup_num_tokens=10)`", ("benchmarks/results/hf_prompt_lookup_cpu.json",),
+        transformers_lookup(10)),
+    Row("the same prompts, ours", "verified, lookup drafts, block 8, `--lookup-min-match 2`", TREE_SPEED,
+        speed_at_batch_1("lookup chain k=8 min match 2")),
+    Row("the same", "verified, tree drafts, 16 nodes", TREE_SPEED, speed_at_batch_1("tree n=16")),
+    Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)", TREE_SPEED,
+        speed_at_batch_1("tree, width rule")),
     Row("SmolLM2-135M + the recipe's gated adapter (450 steps), 200 held-out chat prompts",
         "verified, SBD drafts, block 4, 3 fallback blocks", (ADAPTER_450,),
-        recipe_headline(model="tuned", source="sbd", block_size=4, mode="sbd_verified_fallback3")),
+        recipe_headline(model="tuned", drafts=Drafts.SBD, block_size=4, fallback_blocks=3)),
     Row("the same", "verified, hybrid drafts, block 4, 3 fallback blocks", (ADAPTER_450,),
-        recipe_headline(model="tuned", source="hybrid", block_size=4, mode="verified_hybrid_fallback3")),
+        recipe_headline(model="tuned", drafts=Drafts.HYBRID, block_size=4, fallback_blocks=3)),
     Row("the same prompts, base SmolLM2-135M", "verified, lookup drafts, block 4", (ADAPTER_450,),
-        recipe_headline(model="base", source="lookup", block_size=4)),
+        recipe_headline(model="base", drafts=Drafts.LOOKUP, block_size=4)),
     Row("small-scale SBD model (0.8M parameters, worked addition), 2,000 test problems",
         "plain SBD (Entropy-Bounded, γ chosen on validation), block 8", ("experiments/small_scale/results.json",),
         small_scale_plain),

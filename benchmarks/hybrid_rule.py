@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,7 +28,7 @@ def real_text_rows(args) -> list[dict]:
     from benchmarks.lookup_decode import draft_source_rows
 
     model, prompts, reference = tuned_validation(args)
-    return draft_source_rows(model, prompts, reference, (4, 8), ("lookup", "hybrid", "sbd"), args.max_new,
+    return draft_source_rows(model, prompts, reference, (4, 8), (Drafts.LOOKUP, Drafts.HYBRID, Drafts.SBD), args.max_new,
                              len(prompts))
 
 
@@ -35,7 +36,7 @@ def tuned_validation(args):
     """The `--tuned` model, the first `--prompts` validation prompts of the real-text recipe and its greedy NTP
     outputs of `--max-new` tokens."""
     from benchmarks.lookup_decode import decode_rows
-    from recipes.smollm2_sbd.eval import chat
+    from recipes.smollm2_sbd.inputs import chat
     from sbd_jax.api import load
     from sbd_jax.checkpoints.adapter import CONFIG
     from sbd_jax.data.jsonl import iter_jsonl

@@ -23,6 +23,8 @@ import os
 import sys
 import time
 
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +34,7 @@ PARTS = ("arithmetic", "exactness", "speed")
 
 
 def verified(drafts: str, k: int, max_new_tokens: int, min_match: int = 1, fallback_blocks: int = 0):
-    from sbd_jax.decoding.settings import Mode, Settings
+    from sbd_jax.decoding.settings import Settings
 
     return Settings(mode=Mode.SBD, verify=True, drafts=drafts, block_size=k, max_new_tokens=max_new_tokens,
                     lookup_min_match=min_match, fallback_blocks=fallback_blocks)
@@ -73,7 +75,7 @@ def exactness_rows(model, args) -> list[dict]:
         prompts = split_prompts(model.tokenizer, split, len(reference))
         for k in args.block_sizes:
             began = time.perf_counter()
-            results, _ = decode_rows(model, verified("lookup", k, MAX_NEW_TOKENS), prompts, args.batch)
+            results, _ = decode_rows(model, verified(Drafts.LOOKUP, k, MAX_NEW_TOKENS), prompts, args.batch)
             replayed = [replay_lookup(p, o, k - 1, MAX_NEW_TOKENS) for p, o in zip(prompts, reference)]
             row = {"split": split, "prompts": len(prompts), "block_size": k, **summary(results),
                    "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference)),
@@ -96,8 +98,8 @@ def speed_rows(model, args, progress=None) -> dict:
     rows: list[dict] = []
     for batch, n in speed_batches(args):
         ntp_outputs = None
-        for name, settings in [("ntp", Settings(max_new_tokens=args.max_new_tokens)),
-                               *((lookup_name(k, m), verified("lookup", k, args.max_new_tokens, m))
+        for name, settings in [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens)),
+                               *((lookup_name(k, m), verified(Drafts.LOOKUP, k, args.max_new_tokens, m))
                                  for k in args.block_sizes for m in args.min_matches)]:
             decode_rows(model, settings, test[:batch], batch)  # compile (and warm) apart from the timed run
             results, timing = decode_rows(model, settings, test[:n], batch)
@@ -109,7 +111,7 @@ def speed_rows(model, args, progress=None) -> dict:
             if progress:
                 progress({"speed": rows})
     for row in rows:
-        ntp = next(r for r in rows if r["batch"] == row["batch"] and r["decoder"] == "ntp")
+        ntp = next(r for r in rows if r["batch"] == row["batch"] and r["decoder"] == Mode.NTP)
         row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
     return {"speed": rows, "auto_choice": auto_choice_rows(model, test, rows, args),
             "forward_cost_ratio_cpu": {k: forward_cost_ratio(model, k, context=256, calls=20) for k in args.block_sizes}}
@@ -128,13 +130,13 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
     """What `--block-size auto` picks for lookup drafts at each batch and shortest match (calibrated on the same
     prompts as timed, 64 tokens), against the fastest block this run measured (NTP counts as block 1)."""
     from sbd_jax.decoding.block_choice import measure_block_choice
-    from sbd_jax.decoding.settings import Mode, Settings
+    from sbd_jax.decoding.settings import Settings
 
     out = []
     for batch, n in speed_batches(args):
         for m in args.min_matches:
             choice = measure_block_choice(model, test[:n], batch, args.block_sizes, args.max_new_tokens,
-                                          verified=Settings(mode=Mode.SBD, verify=True, drafts="lookup",
+                                          verified=Settings(mode=Mode.SBD, verify=True, drafts=Drafts.LOOKUP,
                                                             lookup_min_match=m))
             speed = {1: 1.0, **{k: r["vs_ntp"] for k in args.block_sizes for r in rows
                                 if r["batch"] == batch and r["decoder"] == lookup_name(k, m)}}
@@ -147,7 +149,6 @@ def auto_choice_rows(model, test, rows: list[dict], args) -> list[dict]:
 
 
 def arithmetic_rows(args) -> list[dict]:
-    from sbd_jax.decoding.drafts import Drafts
 
     model, prompts, reference = arithmetic_problems(args)
     chains = (Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID)

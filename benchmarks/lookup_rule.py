@@ -25,6 +25,7 @@ import json
 import os
 import sys
 
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,8 +36,8 @@ BLOCK_SIZES = (4, 8, 16)
 
 def split_prompts(tokenizer, split: str, count: int) -> list[list[int]]:
     """The chat-encoded prompts of a split, as the recipe's evaluation encoded them."""
-    from recipes.smollm2_sbd.eval import chat, humaneval_prompts
     from recipes.smollm2_sbd.humaneval import problems
+    from recipes.smollm2_sbd.inputs import chat, humaneval_prompts
     from sbd_jax.data.jsonl import iter_jsonl
 
     if split == "humaneval":
@@ -47,8 +48,9 @@ def split_prompts(tokenizer, split: str, count: int) -> list[list[int]]:
 
 
 def ntp_outputs(entries: dict, model: str, split: str) -> list[list[int]] | None:
-    for key, entry in entries.items():
-        if key.startswith(f"{model}@") and f"|ntp|1|None|{split}|" in key:
+    """`model`'s greedy NTP outputs on `split` in the recipe's entries (None if it has none)."""
+    for entry in entries.values():
+        if entry.get("model") == model and entry.get("mode") == Mode.NTP and entry.get("split") == split:
             return entry["outputs"]
     return None
 

@@ -68,7 +68,7 @@ def main() -> None:
             decoder = SBDDecoder(config, max_new_tokens=k, block_size=k)
             block = jnp.zeros((batch, k), jnp.int32)
             refine = jax.jit(decoder.refine_pass)
-            first = jax.jit(lambda *a, d=decoder: d.first_pass(*a, causal_logits=False)[1])
+            first = jax.jit(lambda *a, d=decoder: d.first_pass(*a)[0])
             t_refine = median_seconds(refine, params, cache, block, repeats=args.repeats)
             t_first = median_seconds(first, params, cache, block, jnp.full((batch,), k, jnp.int32), block,
                                      repeats=args.repeats)

@@ -25,7 +25,9 @@ import sys
 import tempfile
 import time
 
-from sbd_jax.decoding.settings import Mode
+from sbd_jax.decoding.settings import Mode, Settings
+from sbd_jax.decoding.token_choice import Proxy
+from sbd_jax.evaluation.recorded import describe, record
 from sbd_jax.evaluation.results import write_json
 from sbd_jax.model.config import RUN_DTYPES, backend_dtype
 
@@ -35,19 +37,18 @@ MODEL = os.path.join(ROOT, "experiments", "small_scale", "models", "sbd_arith")
 BLOCKS = (4, 8, 16)
 
 
-def chosen_settings() -> list[dict]:
+def chosen_settings() -> list[Settings]:
     """NTP, plain SBD at the study's validation-chosen γ per block (its speed settings), verified SBD."""
     with open(os.path.join(ROOT, "experiments", "small_scale", "results.json")) as f:
         study = json.load(f)
     chosen = sorted({(e["block_size"], e["gamma"]) for e in study["entries"]
-                     if e["model"] == study["headline_model"] and e["split"] == "speed" and e["mode"] == Mode.SBD})
-    settings = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
-    settings += [dict(mode="sbd", block_size=k, gamma=g, proxy="entropy") for k, g in chosen]
-    settings += [dict(mode="verified", block_size=k, gamma=1e9, proxy="entropy", verify=True) for k in BLOCKS]
-    return settings
+                     if e["model"] == study["headline_model"] and e["split"] == "speed" and e["mode"] == Mode.SBD
+                     and not e["verify"] and e["proxy"] == Proxy.ENTROPY})
+    return ([Settings(mode=Mode.NTP)] + [Settings(mode=Mode.SBD, block_size=k, gamma=g) for k, g in chosen]
+            + [Settings(mode=Mode.SBD, block_size=k, verify=True) for k in BLOCKS])
 
 
-def plan(settings: list[dict], batches: list[int], compile_seconds: float) -> dict:
+def plan(settings: list[Settings], batches: list[int], compile_seconds: float) -> dict:
     compiles = 2 * len(settings) * (1 + len(batches)) + 1  # prefill + decode per shape; the train step
     return {"settings": len(settings), "compiles": compiles, "estimated_minutes": compiles * compile_seconds / 60,
             "assumption": f"{compile_seconds:g} s per compile; decode runs and 200 train steps are seconds on an H200"}
@@ -122,22 +123,22 @@ def main() -> None:
     began = time.perf_counter()
     for setting in settings:
         metrics = arithmetic_metrics(model, setting, test[: args.problems], STUDY["max_new_tokens"], batch_size=64)
-        result["accuracy"].append({**setting, **{k: metrics[k] for k in ("n", "accuracy", "ci95", "tokens_per_pass",
+        result["accuracy"].append({**record(setting), **{k: metrics[k] for k in ("n", "accuracy", "ci95", "tokens_per_pass",
                                                                          "accepted_fraction")}})
         write_json(out, result)
-        print(f"{setting['mode']} k={setting['block_size']} γ={setting['gamma']}: accuracy {metrics['accuracy']:.3f}, "
+        print(f"{describe(record(setting))} k={setting.block_size} γ={setting.gamma}: accuracy {metrics['accuracy']:.3f}, "
               f"{metrics['tokens_per_pass']:.2f} tokens/pass", flush=True)
     speed_problems = test[: args.speed_problems]
     for batch in args.batches:
         for setting in settings:
             tokens_per_second(model, setting, speed_problems[:batch], STUDY["max_new_tokens"], batch, 1)  # compile
             rate, with_prefill = tokens_per_second(model, setting, speed_problems, STUDY["max_new_tokens"], batch, 3)
-            result["speed"].append({**setting, "batch": batch, "problems": len(speed_problems),
+            result["speed"].append({**record(setting), "batch": batch, "problems": len(speed_problems),
                                     "decode_tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill})
             ntp = next(r for r in result["speed"] if r["batch"] == batch and r["mode"] == Mode.NTP)
             result["speed"][-1]["decode_vs_ntp"] = rate / ntp["decode_tokens_per_second"]
             write_json(out, result)
-            print(f"batch {batch} {setting['mode']} k={setting['block_size']}: {rate:.0f} tokens/s "
+            print(f"batch {batch} {describe(record(setting))} k={setting.block_size}: {rate:.0f} tokens/s "
                   f"({result['speed'][-1]['decode_vs_ntp']:.2f}x NTP)", flush=True)
     with tempfile.TemporaryDirectory() as workdir:
         result["train"] = train_throughput(args.train_steps, dtype, args.train_batch, workdir)

@@ -19,6 +19,7 @@ import dataclasses
 import os
 import sys
 
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,9 +31,9 @@ def rows(model, prompts, reference, args, max_new_tokens: int, batch: int, progr
     out: list[dict] = []
     for k in args.block_sizes:
         for fallback in sorted({0, min(args.fallback, k - 1)}):
-            chain = verified("sbd", k, max_new_tokens, fallback_blocks=fallback)
+            chain = verified(Drafts.SBD, k, max_new_tokens, fallback_blocks=fallback)
             settings = [("sbd chain", chain)] + [(f"sbd-tree n={n}", dataclasses.replace(
-                chain, drafts="sbd-tree", draft_nodes=n)) for n in args.nodes]
+                chain, drafts=Drafts.SBD_TREE, draft_nodes=n)) for n in args.nodes]
             for name, s in settings:
                 results, _ = decode_rows(model, s, prompts, batch)
                 out.append({"decoder": name, "block_size": k, "fallback_blocks": fallback, "prompts": len(prompts),

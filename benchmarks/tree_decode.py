@@ -22,6 +22,8 @@ import argparse
 import os
 import sys
 
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,16 +32,16 @@ NODES = (4, 8, 16, 32, 64)
 
 
 def settings(drafts: str, depth: int, max_new_tokens: int, nodes: int = 16, min_match: int = 1, costs=()):
-    from sbd_jax.decoding.settings import Mode, Settings
+    from sbd_jax.decoding.settings import Settings
 
     return Settings(mode=Mode.SBD, verify=True, drafts=drafts, block_size=depth + 1, max_new_tokens=max_new_tokens,
                     draft_nodes=nodes, lookup_min_match=min_match, pass_costs=costs)
 
 
-def candidates(depth: int, max_new_tokens: int, nodes=NODES, sources=("context-tree", "successors", "tree"),
+def candidates(depth: int, max_new_tokens: int, nodes=NODES, sources=(Drafts.CONTEXT_TREE, Drafts.SUCCESSORS, Drafts.TREE),
                chain: bool = True) -> list[tuple[str, object]]:
     """(name, settings) of chain lookup and each tree source at each node count."""
-    rows = [("lookup chain", settings("lookup", depth, max_new_tokens))] if chain else []
+    rows = [("lookup chain", settings(Drafts.LOOKUP, depth, max_new_tokens))] if chain else []
     for drafts in sources:
         rows += [(f"{drafts} n={n}", settings(drafts, depth, max_new_tokens, n)) for n in nodes]
     return rows
@@ -94,10 +96,10 @@ def speed_rows(model, args, progress) -> list[dict]:
     rows: list[dict] = []
     for batch, n in ((1, args.batch1_prompts), (8, 16)):
         costs = measure_pass_costs(model, test[:batch], batch, args.max_new_tokens, max(args.nodes))
-        deciders = [("ntp", Settings(max_new_tokens=args.max_new_tokens)),
-                    ("lookup chain k=8 min match 2", settings("lookup", 7, args.max_new_tokens, min_match=2))]
-        deciders += [(f"tree n={m}", settings("tree", args.depth, args.max_new_tokens, m)) for m in args.nodes]
-        deciders += [("tree, width rule", settings("tree", args.depth, args.max_new_tokens, max(args.nodes),
+        deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens)),
+                    ("lookup chain k=8 min match 2", settings(Drafts.LOOKUP, 7, args.max_new_tokens, min_match=2))]
+        deciders += [(f"tree n={m}", settings(Drafts.TREE, args.depth, args.max_new_tokens, m)) for m in args.nodes]
+        deciders += [("tree, width rule", settings(Drafts.TREE, args.depth, args.max_new_tokens, max(args.nodes),
                                                    costs=costs))]
         ntp_outputs = None
         for name, s in deciders:
@@ -107,7 +109,7 @@ def speed_rows(model, args, progress) -> list[dict]:
             rows.append({"decoder": name, "batch": batch, "prompts": n, **summary(results, timing),
                          "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, ntp_outputs)),
                          **({"pass_costs": costs} if s.pass_costs else {})})
-            ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == "ntp")
+            ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == Mode.NTP)
             rows[-1]["vs_ntp"] = rows[-1]["tokens_per_second"] / ntp["tokens_per_second"]
             print(rows[-1], flush=True)
             progress(rows)

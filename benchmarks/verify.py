@@ -17,25 +17,32 @@ Writes benchmarks/results/verify_<platform>.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
 
 from benchmarks.decode import PROMPTS as SMOLLM2_PROMPTS
+from sbd_jax.decoding.settings import Mode, Settings
+from sbd_jax.evaluation.recorded import describe, record
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(model, prompts, setting, max_new_tokens, batch, longest, executables=None):
+NTP = Settings(mode=Mode.NTP)
+
+
+def verified(block_size: int) -> Settings:
+    return Settings(mode=Mode.SBD, block_size=block_size, verify=True)
+
+
+def run(model, prompts, settings: Settings, max_new_tokens, batch, longest, executables=None):
     """Decodes `prompts` `batch` at a time: (generations, (prefill seconds, decode seconds)), compile excluded
     (pass one `executables` to calls that should share what earlier ones compiled)."""
-    from sbd_jax.decoding.block_choice import decoder_for
     from sbd_jax.decoding.generate import Executables, generate_batched
-    from sbd_jax.decoding.settings import Mode, Settings
 
-    decoder = decoder_for(model.config, 1 if setting["mode"] == Mode.NTP else setting["block_size"], max_new_tokens,
-                          Settings(mode=Mode.SBD, verify=True, drafts=setting.get("drafts", "sbd")))
+    decoder = dataclasses.replace(settings, max_new_tokens=max_new_tokens).decoder(model.config)
     generations, timing = generate_batched(decoder, model.params, prompts, batch, pad_to=longest,
                                            executables=Executables() if executables is None else executables)
     return generations, (timing.prefill_seconds, timing.decode_seconds)
@@ -67,14 +74,13 @@ def arithmetic_part(args) -> dict:
                for name, split in (("valid", valid), ("test", test))}
     longest = max(len(p) for split in prompts.values() for p in split)
     batch = 64  # accuracy runs: batched, the output does not depend on the batch
-    ntp = {name: run(model, p, {"mode": "ntp"}, STUDY["max_new_tokens"], batch, longest)[0]
+    ntp = {name: run(model, p, NTP, STUDY["max_new_tokens"], batch, longest)[0]
            for name, p in prompts.items()}
     rows = []
     for k in args.blocks:
-        setting = {"mode": "verified", "block_size": k, "gamma": None}
-        row = dict(setting)
+        row = record(verified(k))
         for name, p in prompts.items():
-            generations, _ = run(model, p, setting, STUDY["max_new_tokens"], batch, longest)
+            generations, _ = run(model, p, verified(k), STUDY["max_new_tokens"], batch, longest)
             row[name] = summary(generations, ntp[name])
         rows.append(row)
         print(f"verified k={k:>2}: valid {row['valid']['tokens_per_pass']:.2f} tokens/pass "
@@ -83,8 +89,7 @@ def arithmetic_part(args) -> dict:
     speed_prompts = prompts["test"][: args.speed_problems]
     speed = []
     for batch_size in (1, 8):
-        settings = [{"mode": "ntp", "block_size": 1, "gamma": None}]
-        settings += [{"mode": "verified", "block_size": k, "gamma": None} for k in args.blocks]
+        settings = [NTP] + [verified(k) for k in args.blocks]
         for setting in settings:
             run(model, speed_prompts[:batch_size], setting, STUDY["max_new_tokens"], batch_size, longest)  # compile
             runs = []
@@ -95,14 +100,14 @@ def arithmetic_part(args) -> dict:
                 runs.append((tokens / decode, tokens / (prefill + decode)))
             runs.sort()
             decode_rate, total_rate = runs[len(runs) // 2]
-            speed.append({**setting, "batch": batch_size, "decode_tokens_per_second": decode_rate,
+            speed.append({**record(setting), "batch": batch_size, "decode_tokens_per_second": decode_rate,
                           "tokens_per_second_with_prefill": total_rate})
         reference = speed[-len(settings)]
         for row in speed[-len(settings):]:
             row["decode_vs_ntp"] = row["decode_tokens_per_second"] / reference["decode_tokens_per_second"]
             row["with_prefill_vs_ntp"] = (row["tokens_per_second_with_prefill"]
                                           / reference["tokens_per_second_with_prefill"])
-            print(f"batch {batch_size} {row['mode']} k={row['block_size']} γ={row['gamma']}: decoding "
+            print(f"batch {batch_size} {describe(row)} k={row['block_size']}: decoding "
                   f"{row['decode_tokens_per_second']:.0f} tokens/s ({row['decode_vs_ntp']:.2f}x NTP); with prefill "
                   f"{row['tokens_per_second_with_prefill']:.0f} ({row['with_prefill_vs_ntp']:.2f}x)", flush=True)
     return {"model": args.model, "valid_problems": len(valid), "test_problems": len(test),
@@ -124,13 +129,12 @@ def smollm2_part(args) -> dict:
     prompts = [encode_prompt(loaded.tokenizer, p, chat=True) for p in SMOLLM2_PROMPTS]
     longest = max(len(p) for p in prompts)
     began = time.perf_counter()
-    ntp, (_, ntp_seconds) = run(model, prompts, {"mode": "ntp"}, args.smollm2_new_tokens, 1, longest)
+    ntp, (_, ntp_seconds) = run(model, prompts, NTP, args.smollm2_new_tokens, 1, longest)
     ntp_rate = sum(len(g.token_ids) for g in ntp) / ntp_seconds
     rows = []
     for k in args.blocks:
-        setting = {"mode": "verified", "block_size": k, "gamma": None}
-        generations, (_, seconds) = run(model, prompts, setting, args.smollm2_new_tokens, 1, longest)
-        row = {**setting, **summary(generations, ntp), "batch": 1,
+        generations, (_, seconds) = run(model, prompts, verified(k), args.smollm2_new_tokens, 1, longest)
+        row = {**record(verified(k)), **summary(generations, ntp), "batch": 1,
                "decode_tokens_per_second": sum(len(g.token_ids) for g in generations) / seconds}
         row["decode_vs_ntp"] = row["decode_tokens_per_second"] / ntp_rate
         rows.append(row)

@@ -38,23 +38,29 @@ import argparse
 import os
 import sys
 
-from benchmarks.verify import run
+from benchmarks.verify import NTP, run
 from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode, Settings
+from sbd_jax.evaluation.recorded import record
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def pass_kind(drafts: str) -> str:
+def pass_kind(drafts: Drafts) -> Drafts:
     """The draft source whose pass has the same tokens as `drafts`' (hybrid's pass is SBD's)."""
     return Drafts.LOOKUP if drafts == Drafts.LOOKUP else Drafts.SBD
 
 
-def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables, drafts="sbd"):
+def setting_at(block_size: int, drafts: Drafts) -> Settings:
+    """NTP at block 1, else verified decoding with `drafts`."""
+    return NTP if block_size == 1 else Settings(mode=Mode.SBD, block_size=block_size, verify=True, drafts=drafts)
+
+
+def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables, drafts=Drafts.SBD):
     """All prompts `batch` at a time after a warm-up batch: (generations, decode seconds, loop iterations),
     compile excluded (`executables` holds what earlier calls compiled: repeats compile nothing)."""
-    setting = ({"mode": "ntp"} if block_size == 1 else
-               {"mode": "verified", "block_size": block_size, "drafts": drafts})
+    setting = setting_at(block_size, drafts)
     run(model, prompts[:batch], setting, max_new_tokens, batch, longest, executables)
     generations, (_, seconds) = run(model, prompts, setting, max_new_tokens, batch, longest, executables)
     iterations = sum(max(g.nfe for g in generations[s: s + batch]) for s in range(0, len(generations), batch))
@@ -75,23 +81,22 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
         pass_tokens,
     )
     from sbd_jax.decoding.generate import Executables
-    from sbd_jax.decoding.settings import Mode, Settings
     from sbd_jax.roofline import HARDWARE, slowdown
 
     longest = max(map(len, prompts + calibration))
     context = longest + max_new_tokens // 2  # cached tokens in the middle of a decode
     calibrated = calibrate(model, calibration, blocks, max_new_tokens, batch=len(calibration)).tokens_per_forward
     slots = {k: cache_slots(model.config, prompts, k, max_new_tokens, longest) for k in (1, *blocks)}
-    rows, sources = [], ("sbd", *others)
+    rows, sources = [], (Drafts.SBD, *map(Drafts, others))
     verified = {drafts: Settings(mode=Mode.SBD, verify=True, drafts=drafts) for drafts in sources}
     for batch in batches:
         n_prompts = min(-(-min_prompts // batch) * batch, len(prompts) // batch * batch)
         # sbd and hybrid passes have the same 2k tokens: one timing serves both
         bare_of = {kind: bare_forward_seconds(model, prompts, blocks, batch, max_new_tokens, calls, pad_to=longest,
                                               verified=verified[kind]) for kind in {pass_kind(d) for d in sources}}
-        ntp_bare = bare_of["sbd"][1]  # one timing of NTP's forward for every row's ideal speed-up
+        ntp_bare = bare_of[Drafts.SBD][1]  # one timing of NTP's forward for every row's ideal speed-up
         group = []
-        for k, drafts in [(1, None)] + [(k, d) for d in sources for k in blocks]:
+        for k, drafts in [(1, Drafts.SBD)] + [(k, d) for d in sources for k in blocks]:
             bare = ntp_bare if k == 1 else bare_of[pass_kind(drafts)][k]
             executables = Executables(capacity=2)  # this row's prefill and decode, compiled once
             runs = sorted((decode_all(model, prompts[:n_prompts], k, max_new_tokens, batch, longest, executables,
@@ -101,8 +106,7 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
             drafted, lookup_drafted = sum(g.drafted for g in generations), sum(g.lookup_drafted for g in generations)
             narrow = sum(g.narrow_passes for g in generations) / nfe  # lookup: passes run as one token
             mean_bare = mean_pass_seconds(bare, ntp_bare, narrow)
-            group.append({"batch": batch, "block_size": k, "mode": "ntp" if k == 1 else "verified", "drafts": drafts,
-                          "prompts": n_prompts, "tokens": tokens, "tokens_per_second": tokens / seconds,
+            group.append({"batch": batch, **record(setting_at(k, drafts)), "prompts": n_prompts, "tokens": tokens, "tokens_per_second": tokens / seconds,
                           "tokens_per_forward": tokens / nfe, "seconds_per_pass": seconds / iterations,
                           "accepted_fraction": sum(g.accepted for g in generations) / drafted if drafted else None,
                           "lookup_accepted_fraction": (sum(g.lookup_accepted for g in generations) / lookup_drafted
@@ -111,13 +115,13 @@ def measure(model, shape, prompts, calibration, blocks, batches, max_new_tokens,
                           "pass_overhead": seconds / iterations / mean_bare,
                           "ideal_speedup": tokens / nfe * ntp_bare / mean_bare,
                           "h100_roofline_speedup": tokens / nfe / slowdown(
-                              HARDWARE["h100-bf16"], shape, batch, pass_tokens(k, verified[drafts or "sbd"]), context)})
+                              HARDWARE["h100-bf16"], shape, batch, pass_tokens(k, verified[drafts]), context)})
         ntp = group[0]
         for row in group:
             row["speedup"] = row["tokens_per_second"] / ntp["tokens_per_second"]
             row["efficiency"] = row["speedup"] / row["ideal_speedup"]
-        sbd_rows = [r for r in group if r["drafts"] in (None, "sbd")]  # what the block-size rule chooses among
-        sbd_bare = bare_of["sbd"]
+        sbd_rows = [r for r in group if r["drafts"] in (None, Drafts.SBD)]  # what the block-size rule chooses among
+        sbd_bare = bare_of[Drafts.SBD]
         chosen = choose_block_size(calibrated, {k: sbd_bare[k] for k in blocks}, ntp_bare)
         # The same rule fed with the decoding loop's own seconds per pass, timed on the calibration prompts at
         # this batch (the loop's overhead included, which bare forwards do not see): which input predicts better?

@@ -259,7 +259,7 @@ def test_the_fingerprint_is_the_same_scanned_or_per_layer_in_float32_or_bfloat16
 
 @pytest.mark.slow  # the recipe's evaluation
 def test_the_recipes_evaluation_loads_an_adapter_onto_its_base_scanned(tmp_path):
-    from recipes.smollm2_sbd.eval import load as load_for_eval
+    from recipes.smollm2_sbd.inputs import load as load_for_eval
 
     root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "small_scale", "models", "sbd_arith")
     plain = load(root)

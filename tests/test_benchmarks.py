@@ -10,6 +10,9 @@ import time
 
 import pytest
 
+from sbd_jax.decoding.settings import Mode
+from sbd_jax.evaluation.recorded import describe
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -30,14 +33,15 @@ def test_h200_script_smoke(tmp_path):
     assert all(r["seconds"] > 0 and r["compile_seconds"] > 0 and r["roofline_slowdown"] >= 1 for r in forward["rows"])
     assert forward["measured_bandwidth"] > 0
     sbd = json.load(open(tmp_path / "smoke_sbd.json"))
-    modes = [(r["mode"], r["block_size"]) for r in sbd["accuracy"]]
-    assert modes == [("ntp", 1), ("sbd", 4), ("sbd", 8), ("sbd", 16), ("verified", 4), ("verified", 8), ("verified", 16)]
+    modes = [(describe(r), r["block_size"]) for r in sbd["accuracy"]]
+    assert modes == [("NTP", 1), ("SBD", 4), ("SBD", 8), ("SBD", 16), ("verified SBD", 4), ("verified SBD", 8),
+                     ("verified SBD", 16)]
     ntp = sbd["accuracy"][0]
     for row in sbd["accuracy"]:
         assert row["n"] == 4 and row["tokens_per_pass"] > 0
-        if row["mode"] == "verified":  # output equal to NTP's, so the same accuracy; every pass emits a token
+        if row["verify"]:  # output equal to NTP's, so the same accuracy; every pass emits a token
             assert row["accuracy"] == ntp["accuracy"] and row["tokens_per_pass"] >= 1
-    assert [(r["batch"], r["mode"]) for r in sbd["speed"]][::7] == [(1, "ntp"), (2, "ntp")] and len(sbd["speed"]) == 14
+    assert [(r["batch"], r["mode"]) for r in sbd["speed"]][::7] == [(1, Mode.NTP), (2, Mode.NTP)] and len(sbd["speed"]) == 14
     assert all(r["decode_tokens_per_second"] > 0 for r in sbd["speed"])
     assert sbd["train"]["steps"] == 3 and sbd["train"]["median_step_seconds"] > 0
     lookup = json.load(open(tmp_path / "smoke_lookup_smollm2.json"))["smollm2_base"]

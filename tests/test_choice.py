@@ -8,6 +8,8 @@ import pytest
 
 from configs import tiny
 from sbd_jax.decoding.base import check_proxy
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.errors import UserError
 from sbd_jax.model.attention import AttentionImpl
@@ -18,7 +20,7 @@ from sbd_jax.training.config import ObjectiveKind, Schedule, TrainConfig
 
 def test_a_member_is_its_name():
     for member in (DType.BFLOAT16, Remat.DOTS, AttentionImpl.SPLASH, Proxy.LEFT_TO_RIGHT, ObjectiveKind.NTP,
-                   Schedule.WSD):
+                   Schedule.WSD, Drafts.SBD_TREE, Mode.SBD):
         name = member.value
         assert member == name and hash(member) == hash(name) and {name: 1}[member] == 1
         assert str(member) == f"{member}" == name and repr(member) == repr(name)
@@ -29,6 +31,8 @@ def test_a_member_is_its_name():
 def test_an_unknown_name_is_one_line_listing_the_names():
     with pytest.raises(UserError, match=r"^proxy='vibes': use one of entropy, confidence, margin, left_to_right$"):
         check_proxy("vibes")
+    with pytest.raises(UserError, match=r"^proxy='vibes'"):  # in any mode, not only the one that reads it
+        Settings(mode="ntp", proxy="vibes")
     with pytest.raises(UserError, match=r"^config dtype=\['float32'\]: use one of float64, float32, bfloat16"):
         ModelConfig("llama", 8, 4, 8, 1, 1, 1, 4, dtype=["float32"])
 

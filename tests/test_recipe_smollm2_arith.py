@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from sbd_jax.evaluation.recorded import describe
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -35,14 +37,14 @@ def test_smoke_run_trains_both_stages_evaluates_every_setting_and_resumes(tmp_pa
     subprocess.run(command, check=True, env=env, cwd=ROOT, timeout=600)
     results = json.load(open(os.path.join(work, "results.json")))
     entries = results["entries"]
-    keys = {(e["model"], e["mode"], e["split"], e["block_size"]) for e in entries}
-    for key in [("base", "ntp", "test", 1), ("stage1", "ntp", "test", 1), ("stage2", "ntp", "test", 1),
-                ("stage2", "ntp", "valid", 1), ("stage2", "sbd_verified", "test", 4), ("stage2", "ntp", "speed", 1),
-                ("stage2", "sbd_verified", "speed", 4)]:
+    keys = {(e["model"], describe(e), e["split"], e["block_size"]) for e in entries}
+    for key in [("base", "NTP", "test", 1), ("stage1", "NTP", "test", 1), ("stage2", "NTP", "test", 1),
+                ("stage2", "NTP", "valid", 1), ("stage2", "verified SBD", "test", 4), ("stage2", "NTP", "speed", 1),
+                ("stage2", "verified SBD", "speed", 4)]:
         assert key in keys, key
-    assert len([e for e in entries if e["mode"] == "sbd" and e["split"] == "valid"]) == 2  # block 4 x 2 γ
-    ntp = next(e for e in entries if (e["model"], e["mode"], e["split"]) == ("stage2", "ntp", "test"))
-    verified = next(e for e in entries if e["mode"] == "sbd_verified" and e["split"] == "test")
+    assert len([e for e in entries if describe(e) == "SBD" and e["split"] == "valid"]) == 2  # block 4 x 2 γ
+    ntp = next(e for e in entries if (e["model"], describe(e), e["split"]) == ("stage2", "NTP", "test"))
+    verified = next(e for e in entries if describe(e) == "verified SBD" and e["split"] == "test")
     assert verified["n"] == 4 and verified["correct"] == ntp["correct"][:4]  # lossless, even untrained
     assert [r["step"] for r in results["loss_curves"]["stage2"]] == [1, 2, 3]
     assert all(r["matp_loss"] > 0 for r in results["loss_curves"]["stage2"])

@@ -150,7 +150,8 @@ def test_a_longer_study_extends_the_presets_budgets_only_where_the_trunk_can_bra
 
 def _entry(model: str, mode: str, split: str, correct: str, block_size: int = 1, gamma=None, per_pass=1.0) -> dict:
     accuracy = correct.count("1") / len(correct)
-    return {"model": model, "mode": mode, "split": split, "block_size": block_size, "gamma": gamma,
+    return {"model": model, "mode": mode, "split": split, "block_size": block_size, "gamma": gamma, "verify": False,
+            "proxy": "entropy" if mode == "sbd" else None,
             "correct": correct, "accuracy": accuracy, "ci95": [accuracy, accuracy], "n": len(correct),
             "tokens_per_pass": per_pass}
 

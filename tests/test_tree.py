@@ -125,6 +125,38 @@ def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_plain_forward_woul
     np.testing.assert_allclose(np.asarray(kept.v[:, :, :n]), np.asarray(ref.v), atol=1e-5)
 
 
+def test_each_masked_block_of_a_pass_sees_its_anchors_path_and_itself_as_an_uncached_forward_would():
+    """SBD's blocks in a tree pass (`tree.with_blocks`): the block after pass index a sees the cache, the path from
+    the root to a, and itself bidirectionally; never the other nodes. Each block's logits equal an uncached forward
+    of the prompt, that path and the block, at fp32."""
+    k, mask_id = 4, CFG.vocab_size - 1
+    cfg = CFG.replace(mask_token_id=mask_id)
+    decoder = VerifiedSBDDecoder(cfg, max_new_tokens=8, eos_ids=cfg.eos_token_ids, block_size=k,
+                                 drafts=SBDBlock(k, fallback_blocks=2, top_k=2), draft_nodes=5)
+    prompt = PROMPTS[0]
+    cache, root = decoder.prefill(params(), jnp.asarray([prompt]), jnp.asarray([len(prompt)]), capacity=48)
+    tree = trees.build_tree(candidates([[20], [21], [21, 22], [21, 23], [21, 23, 24]], [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
+    # pass order: the root, then the ranked nodes: 20, 21, 22 (under 21), 23 (under 21), 24 (under 23)
+    anchors = [5, 0, 3]  # the deepest node, the root, a node off the deepest path
+    _, blocks, _ = decoder.run_pass(params(), cache, root, tree, jnp.asarray([anchors]),
+                                    jnp.int32(len(decoder.pass_widths) - 1))
+    tokens, parents = np.asarray(tree.tokens)[0].tolist(), np.asarray(tree.parents)[0].tolist()
+
+    def path_to(index):  # the tokens after the root down to pass index `index`
+        return [] if index == 0 else path_to(parents[index - 1]) + [tokens[index - 1]]
+
+    assert [path_to(a) for a in anchors] == [[21, 23, 24], [], [21, 22]]
+    for m, a in enumerate(anchors):
+        context = prompt + path_to(a) + [mask_id] * k
+        n = len(context)
+        attend = np.tril(np.ones((n, n), bool))
+        attend[n - k:, n - k:] = True
+        logits, _ = forward(Transformer(cfg), params(), jnp.asarray([context]), jnp.arange(n)[None],
+                            mask=jnp.asarray(attend)[None])
+        expected = np.asarray(logits)[0, -k:, :mask_id]
+        np.testing.assert_allclose(np.asarray(blocks)[0, m, :, :mask_id], expected, atol=1e-5, rtol=0)
+
+
 class DescendsWithoutTheTarget(VerifiedSBDDecoder):
     @staticmethod
     def walk(tree, chosen, max_depth):  # takes the first child as if the target had chosen it

@@ -249,20 +249,20 @@ def test_the_block_size_rule_picks_the_best_predicted_speedup_or_ntp():
         choose_block_size({4: 2.0}, {8: 1.0}, 1.0)
 
 
-@pytest.mark.slow  # every recorded mode label decoded
-def test_recorded_settings_decode_with_the_decoder_they_name():
-    """The setting dicts results record (mode labels of the recipes and the study) build the right decoder."""
+@pytest.mark.slow  # four decoders compiled
+def test_measured_settings_decode_with_the_decoder_they_name():
+    """`evaluation.measure.decode` (what studies and recipes record rows of) runs each setting's own decoder."""
+    from sbd_jax.decoding.settings import Mode, Settings
+    from sbd_jax.decoding.token_choice import Proxy
     from sbd_jax.evaluation.measure import EvaluatedModel, decode
 
     cfg, params, prompts = trained_arithmetic_model()
     model = EvaluatedModel("sbd_arith", cfg, params, None)
-    ntp, _ = decode(model, dict(mode="ntp", block_size=1, gamma=None, proxy=None), prompts, 40)
-    for mode in ("sbd_verified", "verified"):  # verified SBD: NTP's output in fewer forwards
-        out, _ = decode(model, dict(mode=mode, block_size=8, gamma=1e9, proxy="entropy", verify=True), prompts, 40, 3)
-        assert [g.token_ids for g in out] == [g.token_ids for g in ntp] and sum(g.drafted for g in out) > 0
-        assert sum(g.nfe for g in out) < sum(g.nfe for g in ntp)
-    order, _ = decode(model, dict(mode="sbd_left_to_right", block_size=8, gamma=0.0, proxy="left_to_right"),
-                      prompts, 40)
+    ntp, _ = decode(model, Settings(), prompts, 40)
+    out, _ = decode(model, Settings(mode=Mode.SBD, block_size=8, verify=True), prompts, 40, 3)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ntp] and sum(g.drafted for g in out) > 0
+    assert sum(g.nfe for g in out) < sum(g.nfe for g in ntp)  # verified SBD: NTP's output in fewer forwards
+    order, _ = decode(model, Settings(mode=Mode.SBD, block_size=8, gamma=0.0, proxy=Proxy.LEFT_TO_RIGHT), prompts, 40)
     assert all(g.reveal_pass == list(range(1, len(g.token_ids) + 1)) for g in order)  # one token a pass, in order
-    plain, _ = decode(model, dict(mode="sbd", block_size=8, gamma=1.0, proxy="entropy"), prompts, 40)
+    plain, _ = decode(model, Settings(mode=Mode.SBD, block_size=8, gamma=1.0), prompts, 40)
     assert sum(g.nfe for g in plain) < sum(len(g.token_ids) for g in plain) and not any(g.drafted for g in plain)

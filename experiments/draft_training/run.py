@@ -31,6 +31,8 @@ import sys
 import time
 from typing import Any
 
+from recipes.smollm2_sbd.inputs import ntp_setting, sbd_setting, verified_setting
+from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.evaluation.results import commit, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -107,19 +109,18 @@ def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> d
     from sbd_jax.evaluation.measure import decode, heldout_ntp_loss
 
     model, prompts = model_and_prompts(name, export, sizes)
-    ntp_setting = dict(mode="ntp", block_size=1, gamma=None, proxy=None)
     if is_adapter(name):
         ntp = base_ntp["outputs"]  # the base's NTP, exactly (tested), not recomputed
     else:
-        ntp = [r.token_ids for r in decode(model, ntp_setting, prompts, sizes["max_new"])[0]]
+        ntp = [r.token_ids for r in decode(model, ntp_setting(), prompts, sizes["max_new"])[0]]
     out: dict[str, Any] = {"step": step}
     for k in (4, 8):
-        for drafts in ("sbd", "hybrid"):
+        for drafts in (Drafts.SBD, Drafts.HYBRID):
             out.update(verified_row(model, prompts, ntp, sizes, k, drafts))
     if is_adapter(name):
         out.update(fallback_rows(model, prompts, ntp, sizes))
     out["acceptance_8"] = conditional_acceptance(model.config, model.params, prompts, ntp, 8)
-    plain = decode(model, dict(mode="sbd", block_size=4, gamma=0.1, proxy="entropy"), prompts, sizes["max_new"])[0]
+    plain = decode(model, sbd_setting(4, 0.1), prompts, sizes["max_new"])[0]
     out["plain_sbd_4_agreement"] = sum(r.token_ids == o for r, o in zip(plain, ntp)) / len(ntp)
     out["plain_sbd_4_tokens_per_forward"] = sum(len(r.token_ids) for r in plain) / sum(r.nfe for r in plain)
     out["heldout_ntp_loss"] = (base_ntp["heldout_ntp_loss"] if is_adapter(name) else
@@ -128,15 +129,13 @@ def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> d
     return out
 
 
-def verified_row(model: Any, prompts: list, ntp: list, sizes: dict, k: int, drafts: str, fallback: int = 0) -> dict:
+def verified_row(model: Any, prompts: list, ntp: list, sizes: dict, k: int, drafts: Drafts, fallback: int = 0) -> dict:
     """Tokens per forward of verified decoding (`verified_{drafts}_{k}`, with `_fallback{n}` where it has
     fallback blocks) and how many outputs equal `ntp` (`..._identical`)."""
     from sbd_jax.evaluation.measure import decode
 
-    name = f"verified_{drafts}_{k}" + (f"_fallback{fallback}" if fallback else "")
-    setting = dict(mode=f"verified_{drafts}", block_size=k, gamma=None, proxy=None, verify=True, drafts=drafts,
-                   fallback_blocks=fallback)
-    results = decode(model, setting, prompts, sizes["max_new"])[0]
+    name = f"verified_{drafts.value}_{k}" + (f"_fallback{fallback}" if fallback else "")
+    results = decode(model, verified_setting(k, drafts, fallback), prompts, sizes["max_new"])[0]
     return {name: sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results),
             f"{name}_identical": sum(r.token_ids == o for r, o in zip(results, ntp))}
 
@@ -148,7 +147,7 @@ FALLBACK_KEY = f"verified_sbd_{FALLBACK_BLOCK}_fallback{FALLBACK_BLOCK - 1}"  # 
 
 def fallback_rows(model: Any, prompts: list, ntp: list, sizes: dict) -> dict:
     """SBD and hybrid drafts with every fallback block at block `FALLBACK_BLOCK` (the long runs' points)."""
-    return {key: value for drafts in ("sbd", "hybrid")
+    return {key: value for drafts in (Drafts.SBD, Drafts.HYBRID)
             for key, value in verified_row(model, prompts, ntp, sizes, FALLBACK_BLOCK, drafts,
                                            FALLBACK_BLOCK - 1).items()}
 
@@ -158,7 +157,7 @@ def model_and_prompts(name: str, export: str, sizes: dict) -> tuple[Any, list]:
     validation prompts, chat-encoded."""
     import jax
 
-    from recipes.smollm2_sbd.eval import chat
+    from recipes.smollm2_sbd.inputs import chat
     from sbd_jax.data.jsonl import iter_jsonl
     from sbd_jax.evaluation.measure import EvaluatedModel
     if is_adapter(name):
@@ -167,7 +166,7 @@ def model_and_prompts(name: str, export: str, sizes: dict) -> tuple[Any, list]:
         loaded = load("smollm2-135m", adapter=export)
         model = EvaluatedModel(name, loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
     else:
-        from recipes.smollm2_sbd.eval import load as load_hf
+        from recipes.smollm2_sbd.inputs import load as load_hf
 
         model = load_hf(name, export, scan_layers=False, dtype="float32")
     questions = [row["prompt"] for _, row in iter_jsonl(os.path.join(DATA, "valid.jsonl"))][: sizes["valid"]]
@@ -178,7 +177,7 @@ def base_reference(sizes: dict) -> dict:
     """The base model's NTP outputs on the validation prompts and its held-out NTP loss."""
     import jax
 
-    from recipes.smollm2_sbd.eval import chat
+    from recipes.smollm2_sbd.inputs import chat
     from recipes.smollm2_sbd.prompts import heldout_source_files
     from sbd_jax.checkpoints.load import load_model
     from sbd_jax.data.jsonl import iter_jsonl
@@ -188,7 +187,7 @@ def base_reference(sizes: dict) -> dict:
     model = EvaluatedModel("base", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
     questions = [row["prompt"] for _, row in iter_jsonl(os.path.join(DATA, "valid.jsonl"))][: sizes["valid"]]
     prompts = [chat(model.tokenizer, q) for q in questions]
-    results = decode(model, dict(mode="ntp", block_size=1, gamma=None, proxy=None), prompts, sizes["max_new"])[0]
+    results = decode(model, ntp_setting(), prompts, sizes["max_new"])[0]
     return {"outputs": [r.token_ids for r in results],
             "heldout_ntp_loss": heldout_ntp_loss(model, heldout_source_files(), sizes["seq_len"],
                                                  max_rows=sizes["loss_rows"])}

@@ -9,8 +9,13 @@ import textwrap
 from typing import Any, Sequence
 
 from sbd_jax.decoding.settings import Mode
+from sbd_jax.decoding.token_choice import Proxy
+from sbd_jax.evaluation.recorded import describe
 from sbd_jax.evaluation.results import render_from_json
 from sbd_jax.evaluation.scoring import find, one, paired_difference
+
+ENTROPY_BOUNDED = {"mode": Mode.SBD, "proxy": Proxy.ENTROPY}  # the study's SBD rows
+LEFT_TO_RIGHT = {"mode": Mode.SBD, "proxy": Proxy.LEFT_TO_RIGHT}  # its γ = 0 diagnostic
 
 
 def model_label(name: str) -> str:
@@ -25,8 +30,8 @@ WITHIN = 0.01  # "within 1 point": the accuracy SBD may give up against NTP deco
 def ntp_bar(entries: list[dict], model: str, split: str) -> dict:
     """The NTP decoding SBD must match: the better of the model's own and the NTP-only model's (a model that
     lost its NTP skill, as SBD without the NTP term does, must not pass by matching its own failure)."""
-    own = one(entries, model=model, mode="ntp", split=split)
-    baseline = find(entries, model="ntp", mode="ntp", split=split)
+    own = one(entries, model=model, mode=Mode.NTP, split=split)
+    baseline = find(entries, model="ntp", mode=Mode.NTP, split=split)
     return max([own, *baseline], key=lambda e: e["accuracy"])
 
 
@@ -34,12 +39,12 @@ def chosen_on_validation(entries: list[dict], model: str, block_size: int) -> di
     """The test entry of the γ with the most tokens per pass within 1 point of the NTP bar (`ntp_bar`) on
     the validation split; None if no γ stays within 1 point there."""
     bar = ntp_bar(entries, model, "valid")
-    within = [e for e in find(entries, model=model, mode="sbd", split="valid", block_size=block_size)
+    within = [e for e in find(entries, model=model, **ENTROPY_BOUNDED, split="valid", block_size=block_size)
               if e["accuracy"] >= bar["accuracy"] - WITHIN]
     if not within:
         return None
     best = max(within, key=lambda e: e["tokens_per_pass"])
-    return one(entries, model=model, mode="sbd", split="test", block_size=block_size, gamma=best["gamma"])
+    return one(entries, model=model, **ENTROPY_BOUNDED, split="test", block_size=block_size, gamma=best["gamma"])
 
 
 def _row(*cells: Any) -> str:
@@ -59,7 +64,7 @@ def headline_rows(results: dict) -> list[str]:
     for model in models:
         bar = ntp_bar(entries, model, "test")
         bar_cell = _pct(bar) + (" (NTP-only's)" if bar["model"] != model else "")
-        for k in sorted({e["block_size"] for e in find(entries, model=model, mode="sbd")}):
+        for k in sorted({e["block_size"] for e in find(entries, model=model, **ENTROPY_BOUNDED)}):
             best = chosen_on_validation(entries, model, k)
             if best is None:
                 out.append(_row(model_label(model), k, "none within 1 point", "", bar_cell, "", "", "no"))
@@ -82,9 +87,9 @@ def diagnostic_rows(results: dict) -> list[str]:
     for model in results["heldout_ntp_loss"]:
         if model == "ntp":
             continue
-        out.append(_row(model_label(model), _pct(one(entries, model=model, mode="ntp")),
-                        _pct(one(entries, model=model, mode="sbd_left_to_right")),
-                        _pct(one(entries, model=model, mode="sbd", block_size=k, gamma=0.0))))
+        out.append(_row(model_label(model), _pct(one(entries, model=model, mode=Mode.NTP)),
+                        _pct(one(entries, model=model, **LEFT_TO_RIGHT)),
+                        _pct(one(entries, model=model, **ENTROPY_BOUNDED, block_size=k, gamma=0.0))))
     return out
 
 
@@ -110,7 +115,7 @@ def implied_steps(steps: Sequence[int], gaps: Sequence[float], target: float = W
 
 def sbd_gammas(tests: list[dict], block_size: int) -> list[float]:
     """The γ grid plain SBD was decoded with at `block_size`."""
-    return sorted({e["gamma"] for e in find(tests, mode="sbd", block_size=block_size)})
+    return sorted({e["gamma"] for e in find(tests, **ENTROPY_BOUNDED, block_size=block_size)})
 
 
 def trend_rows(results: dict) -> list[str]:
@@ -123,10 +128,10 @@ def trend_rows(results: dict) -> list[str]:
            _row(*["---"] * (2 + len(gammas)))]
     gaps: dict[float, list[float]] = {g: [] for g in gammas}
     for steps, model in trained:
-        ntp = one(tests, model=model, mode="ntp")["accuracy"]
+        ntp = one(tests, model=model, mode=Mode.NTP)["accuracy"]
         cells = []
         for g in gammas:
-            e = one(tests, model=model, mode="sbd", block_size=k, gamma=g)
+            e = one(tests, model=model, **ENTROPY_BOUNDED, block_size=k, gamma=g)
             gaps[g].append(ntp - e["accuracy"])
             cells.append(f"{e['accuracy']:.1%}, {e['tokens_per_pass']:.2f}")
         out.append(_row(steps, f"{ntp:.1%}", *cells))
@@ -144,9 +149,9 @@ def speed_rows(results: dict) -> list[str]:
     tests = [e for e in results["entries"] if e["split"] == "test" and e["model"] == results["headline_model"]]
     for e in speed:
         ntp = one(speed, batch=e["batch"], mode=Mode.NTP)
-        per_pass = 1.0 if e["mode"] == Mode.NTP else one(tests, mode="sbd", block_size=e["block_size"],
+        per_pass = 1.0 if e["mode"] == Mode.NTP else one(tests, **ENTROPY_BOUNDED, block_size=e["block_size"],
                                                       gamma=e["gamma"])["tokens_per_pass"]
-        out.append(_row(e["batch"], e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"],
+        out.append(_row(e["batch"], describe(e), e["block_size"], "" if e["gamma"] is None else e["gamma"],
                         f"{e['tokens_per_second']:.0f}", f"{e['tokens_per_second'] / ntp['tokens_per_second']:.2f}×",
                         f"{e['tokens_per_second_with_prefill']:.0f}",
                         f"{e['tokens_per_second_with_prefill'] / ntp['tokens_per_second_with_prefill']:.2f}×",
@@ -170,8 +175,8 @@ def markdown(results: dict[str, Any]) -> str:
            f"{sizes['batch_size']} x {sizes['seq_len']} tokens. Packing wastes "
            + ", ".join(f"{v:.1%} of the {k} rows" for k, v in results["padding_fraction"].items())
            + " as padding. All decoding greedy; accuracy is whole-answer exact match (worked steps and result) "
-           f"with a 95% Wilson interval; {one(entries, model='ntp', mode='ntp', split='test')['n']} test and "
-           f"{one(entries, model='ntp', mode='ntp', split='valid')['n']} validation problems.", "",
+           f"with a 95% Wilson interval; {one(entries, model='ntp', mode=Mode.NTP, split='test')['n']} test and "
+           f"{one(entries, model='ntp', mode=Mode.NTP, split='valid')['n']} validation problems.", "",
            "## Headline: γ chosen on validation, scored on test", "",
            "The NTP decoding to match is the better of the model's own and the NTP-only model's, so a model "
            "that cannot decode left to right does not pass by matching its own failure.", ""]
@@ -194,9 +199,9 @@ def markdown(results: dict[str, Any]) -> str:
             _row("model", "mode", "block", "γ", "whole-answer (test)", "final number (test)", "tokens/pass (test)",
                  "whole-answer (valid)"), _row(*["---"] * 8)]
     for e in find(entries, split="test"):
-        valid = one(entries, model=e["model"], mode=e["mode"], block_size=e["block_size"], gamma=e["gamma"],
-                    split="valid")
-        out.append(_row(model_label(e["model"]), e["mode"], e["block_size"], "" if e["gamma"] is None else e["gamma"],
+        valid = one(entries, model=e["model"], mode=e["mode"], proxy=e["proxy"], block_size=e["block_size"],
+                    gamma=e["gamma"], split="valid")
+        out.append(_row(model_label(e["model"]), describe(e), e["block_size"], "" if e["gamma"] is None else e["gamma"],
                         _pct(e), f"{e['accuracy_final_number']:.1%}", f"{e['tokens_per_pass']:.2f}",
                         f"{valid['accuracy']:.1%}"))
     out += ["", "Plots: `accuracy_vs_passes.png` (test accuracy against tokens per pass at the largest block, one "
@@ -214,16 +219,16 @@ def plots(results: dict[str, Any], directory: str) -> None:
 
     tests = [e for e in results["entries"] if e["split"] == "test"]
     k = max(results["sizes"]["block_sizes"])
-    models = [m for m in results["heldout_ntp_loss"] if find(tests, model=m, mode="sbd")]
+    models = [m for m in results["heldout_ntp_loss"] if find(tests, model=m, **ENTROPY_BOUNDED)]
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for i, model in enumerate(models):
-        grid = sorted(find(tests, model=model, mode="sbd", block_size=k), key=lambda e: e["gamma"])
+        grid = sorted(find(tests, model=model, **ENTROPY_BOUNDED, block_size=k), key=lambda e: e["gamma"])
         colour = f"C{i}"
         ax.errorbar([e["tokens_per_pass"] for e in grid], [100 * e["accuracy"] for e in grid],
                     yerr=[[100 * (e["accuracy"] - e["ci95"][0]) for e in grid],
                           [100 * (e["ci95"][1] - e["accuracy"]) for e in grid]],
                     fmt="o-", color=colour, capsize=3, label=model_label(model))
-        ntp = one(tests, model=model, mode="ntp")
+        ntp = one(tests, model=model, mode=Mode.NTP)
         ax.plot([1.0], [100 * ntp["accuracy"]], marker="*", markersize=12, color=colour, ls="none")
     ax.set(title=f"block {k}: whole-answer accuracy vs tokens per pass (★ = the model's NTP decoding)",
            xlabel="tokens per forward pass", ylabel="whole-answer exact match (%)")
@@ -233,12 +238,11 @@ def plots(results: dict[str, Any], directory: str) -> None:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(max(8.0, 1.3 * len(models)), 4.5))
-    kinds = [("ntp", {}), ("sbd_left_to_right", {}), ("sbd", {"block_size": k, "gamma": 0.0})]
-    for j, (mode, extra) in enumerate(kinds):
-        values = [100 * one(tests, model=m, mode=mode, **extra)["accuracy"] for m in models]
-        ax.bar([i + 0.27 * (j - 1) for i in range(len(models))], values, width=0.27,
-               label={"ntp": "NTP decoding", "sbd_left_to_right": f"MATP left to right (block {k}, γ 0)",
-                      "sbd": f"MATP EB order (block {k}, γ 0)"}[mode])
+    kinds = [({"mode": Mode.NTP}, "NTP decoding"), (LEFT_TO_RIGHT, f"MATP left to right (block {k}, γ 0)"),
+             ({**ENTROPY_BOUNDED, "block_size": k, "gamma": 0.0}, f"MATP EB order (block {k}, γ 0)")]
+    for j, (where, label) in enumerate(kinds):
+        values = [100 * one(tests, model=m, **where)["accuracy"] for m in models]
+        ax.bar([i + 0.27 * (j - 1) for i in range(len(models))], values, width=0.27, label=label)
     ax.set_xticks(range(len(models)), [_short_label(m) for m in models], fontsize=8)
     ax.set(ylabel="whole-answer exact match (%)", title="γ = 0 diagnostic (test)", ylim=(0, 100))
     ax.legend(fontsize=8, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))  # below: bars reach 100%
@@ -250,10 +254,10 @@ def plots(results: dict[str, Any], directory: str) -> None:
     steps = [s for s, _ in trained]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for g in sbd_gammas(tests, k):
-        grid = [one(tests, model=m, mode="sbd", block_size=k, gamma=g) for _, m in trained]
+        grid = [one(tests, model=m, **ENTROPY_BOUNDED, block_size=k, gamma=g) for _, m in trained]
         axes[0].plot(steps, [100 * (1 - e["accuracy"]) for e in grid], "o-", label=f"γ {g}")
         axes[1].plot(steps, [e["tokens_per_pass"] for e in grid], "o-", label=f"γ {g}")
-    axes[0].plot(steps, [100 * (1 - one(tests, model=m, mode="ntp")["accuracy"]) for _, m in trained],
+    axes[0].plot(steps, [100 * (1 - one(tests, model=m, mode=Mode.NTP)["accuracy"]) for _, m in trained],
                  "k*--", label="NTP decoding")
     axes[0].set(title=f"block {k}: test error vs fine-tuning steps", xlabel="fine-tuning steps",
                 ylabel="whole-answer error (%)", xscale="log")

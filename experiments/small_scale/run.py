@@ -25,8 +25,9 @@ from typing import Sequence
 
 from experiments.small_scale.config import FULL, SMOKE, get_config, stable_steps
 from experiments.small_scale.evaluate import settings
-from sbd_jax.decoding.settings import Mode
+from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.errors import UserError
+from sbd_jax.evaluation.recorded import cache_key, describe, record
 from sbd_jax.evaluation.results import provenance, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -105,16 +106,16 @@ def evaluate_entries(models: dict, corpus, sizes: dict, cache_path: str) -> list
         blocks = sizes["block_sizes"] if name == headline_name(sizes) else (max(sizes["block_sizes"]),)
         for setting in settings(model, blocks, sizes["gammas"], max(sizes["block_sizes"])):
             for split, problems in splits.items():
-                key = f"{name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}"
+                key = f"{name}|{cache_key(setting)}|{split}"
                 if key not in cache:
                     began = time.perf_counter()
                     metrics = ev.arithmetic_metrics(model, setting, problems, sizes["max_new_tokens"])
-                    cache[key] = {"model": name, **setting, "split": split, **metrics, "batch": len(problems),
+                    cache[key] = {"model": name, **record(setting), "split": split, **metrics, "batch": len(problems),
                                   "tokens_per_second": None, "seconds": time.perf_counter() - began}
                     with open(cache_path, "w") as f:
                         json.dump(cache, f)
                     e = cache[key]
-                    print(f"{name:>10} {split:>5} {e['mode']} k={e['block_size']:>2} gamma={e['gamma']}: whole "
+                    print(f"{name:>10} {split:>5} {describe(e)} k={e['block_size']:>2} gamma={e['gamma']}: whole "
                           f"{e['accuracy']:.3f} final {e['accuracy_final_number']:.3f}, {e['tokens_per_pass']:.2f} "
                           f"tokens/pass ({e['seconds']:.0f} s)", flush=True)
                 entries.append(cache[key])
@@ -129,21 +130,22 @@ def speed_entries(model, name: str, entries: list[dict], corpus, sizes: dict) ->
     from sbd_jax.evaluation import measure as ev
 
     problems = corpus.test_problems[: sizes["speed_problems"]]
-    chosen = [dict(mode="ntp", block_size=1, gamma=None, proxy=None)]
+    chosen = [Settings(mode=Mode.NTP)]
     for k in sizes["block_sizes"]:
         best = chosen_on_validation(entries, name, k)
         if best is not None:
-            chosen.append(dict(mode="sbd", block_size=k, gamma=best["gamma"], proxy="entropy"))
+            chosen.append(Settings(mode=Mode.SBD, block_size=k, gamma=best["gamma"]))
     out = []
     for batch in (1, 8):
         for setting in chosen:
             rate, with_prefill = ev.tokens_per_second(model, setting, problems, sizes["max_new_tokens"], batch,
                                                       sizes["speed_repeats"])
-            cost = forward_cost_ratio(model, setting["block_size"]) if setting["mode"] == Mode.SBD else 1.0
-            out.append({"model": name, **setting, "split": "speed", "n": len(problems), "batch": batch,
+            row = record(setting)
+            cost = forward_cost_ratio(model, row["block_size"]) if setting.mode == Mode.SBD else 1.0
+            out.append({"model": name, **row, "split": "speed", "n": len(problems), "batch": batch,
                         "tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill,
                         "forward_cost_ratio": cost})
-            print(f"speed {name} batch {batch} {setting['mode']} k={setting['block_size']} γ={setting['gamma']}: "
+            print(f"speed {name} batch {batch} {describe(row)} k={row['block_size']} γ={row['gamma']}: "
                   f"decoding {rate:.0f} tokens/s ({with_prefill:.0f} with prefill), time(k)/time(1) {cost:.2f}",
                   flush=True)
     return out

@@ -6,6 +6,8 @@ import os
 import sys
 from typing import Any
 
+from sbd_jax.decoding.settings import Mode
+from sbd_jax.evaluation.recorded import describe
 from sbd_jax.evaluation.results import render_from_json
 from sbd_jax.evaluation.scoring import find, one, paired_difference
 
@@ -27,24 +29,24 @@ def _paired(a: dict, b: dict) -> str:
 
 def target_rows(results: dict) -> list[str]:
     tests = [e for e in results["entries"] if e["split"] == "test"]
-    stage1, ntp = one(tests, model="stage1", mode="ntp"), one(tests, model="stage2", mode="ntp")
+    stage1, ntp = one(tests, model="stage1", mode=Mode.NTP), one(tests, model="stage2", mode=Mode.NTP)
     out = [_row("what", "whole-answer (test) [95% CI]", "vs stage 2 NTP, paired points [95% CI]", "tokens / pass",
                 "target met?"), _row(*["---"] * 5),
            _row(LABELS["stage1"], _pct(stage1), "", "1.00", ""),
            _row("stage 2, NTP decoding", _pct(ntp), f"stage 2 − stage 1: {_paired(ntp, stage1)}", "1.00",
                 "yes" if ntp["accuracy"] >= stage1["accuracy"] - 0.01 else "no (lost > 1 point of stage 1)")]
-    for e in sorted(find(tests, model="stage2", mode="sbd"), key=lambda e: e["block_size"]):
+    for e in sorted(find(tests, model="stage2", mode=Mode.SBD, verify=False), key=lambda e: e["block_size"]):
         ok = e["accuracy"] >= ntp["accuracy"] - 0.01 and e["tokens_per_pass"] >= 2
         out.append(_row(f"stage 2, SBD block {e['block_size']}, γ {e['gamma']} (chosen on validation)", _pct(e),
                         _paired(e, ntp), f"{e['tokens_per_pass']:.2f}", "yes" if ok else "no (≥ 2× within 1 point)"))
-    for e in sorted(find(tests, model="stage2", mode="sbd_verified"), key=lambda e: e["block_size"]):
+    for e in sorted(find(tests, model="stage2", verify=True), key=lambda e: e["block_size"]):
         same_problems = dict(ntp, correct=ntp["correct"][: e["n"]])  # verified SBD ran on the first n
         same = e["correct"] == same_problems["correct"]
-        out.append(_row(f"stage 2, verified SBD block {e['block_size']}, γ {e['gamma']:g} (first {e['n']} test problems)",
+        out.append(_row(f"stage 2, verified SBD block {e['block_size']} (first {e['n']} test problems)",
                         _pct(e), _paired(e, same_problems),
                         f"{e['tokens_per_pass']:.2f} ({e['accepted_fraction']:.0%} of drafts accepted)",
                         "lossless (same problems right as NTP)" if same else "NOT lossless: differs from NTP"))
-    blocks = {e["block_size"] for e in find(tests, model="stage2", mode="sbd")}
+    blocks = {e["block_size"] for e in find(tests, model="stage2", mode=Mode.SBD, verify=False)}
     for k in sorted(set(results["sizes"]["block_sizes"]) - blocks):
         out.append(_row(f"stage 2, SBD block {k}", "no γ within 1 point of NTP on validation", "", "", "no"))
     return out
@@ -55,9 +57,9 @@ def speed_rows(results: dict) -> list[str]:
     out = [_row("batch", "mode", "block", "γ", "tokens/s (decoding)", "vs NTP", "with prefill",
                 "time(k)/time(1), this CPU", "time(k)/time(1), H100 (roofline)"), _row(*["---"] * 9)]
     for batch in sorted({e["batch"] for e in speed}):
-        base = one(speed, batch=batch, mode="ntp")["tokens_per_second"]
+        base = one(speed, batch=batch, mode=Mode.NTP)["tokens_per_second"]
         for e in find(speed, batch=batch):
-            out.append(_row(batch, e["mode"], e["block_size"], e["gamma"], f"{e['tokens_per_second']:.1f}",
+            out.append(_row(batch, describe(e), e["block_size"], e["gamma"], f"{e['tokens_per_second']:.1f}",
                             f"{e['tokens_per_second'] / base:.2f}×", f"{e['tokens_per_second_with_prefill']:.1f}",
                             f"{e['forward_cost_ratio_cpu']:.2f}", f"{e['forward_cost_ratio_h100_roofline']:.2f}"))
     return out
@@ -68,7 +70,7 @@ def entry_rows(results: dict) -> list[str]:
                 "seconds"), _row(*["---"] * 10)]
     for e in results["entries"]:
         if e["split"] != "speed":
-            out.append(_row(e["model"], e["split"], e["mode"], e["block_size"], e["gamma"], e["n"], _pct(e),
+            out.append(_row(e["model"], e["split"], describe(e), e["block_size"], e["gamma"], e["n"], _pct(e),
                             f"{e['accuracy_final_number']:.1%}", f"{e['tokens_per_pass']:.2f}", f"{e['seconds']:.0f}"))
     return out
 
@@ -98,15 +100,16 @@ def plot(results: dict, directory: str) -> None:
     entries = results["entries"]
     fig, ax = plt.subplots(figsize=(7.5, 5))
     for i, k in enumerate(results["sizes"]["block_sizes"]):
-        grid = sorted(find(entries, model="stage2", mode="sbd", split="valid", block_size=k), key=lambda e: e["gamma"])
+        grid = sorted(find(entries, model="stage2", mode=Mode.SBD, verify=False, split="valid", block_size=k),
+                      key=lambda e: e["gamma"])
         ax.errorbar([e["tokens_per_pass"] for e in grid], [100 * e["accuracy"] for e in grid],
                     yerr=[[100 * (e["accuracy"] - e["ci95"][0]) for e in grid],
                           [100 * (e["ci95"][1] - e["accuracy"]) for e in grid]],
                     fmt="o-", color=f"C{i}", capsize=3, label=f"SBD block {k} (validation, γ grid)")
         for e in find(entries, model="stage2", split="test", block_size=k):
-            ax.plot([e["tokens_per_pass"]], [100 * e["accuracy"]], marker="s" if e["mode"] == "sbd" else "D",
+            ax.plot([e["tokens_per_pass"]], [100 * e["accuracy"]], marker="D" if e["verify"] else "s",
                     color=f"C{i}", ls="none", markersize=8)
-    ntp = one(entries, model="stage2", mode="ntp", split="test")
+    ntp = one(entries, model="stage2", mode=Mode.NTP, split="test")
     ax.plot([1.0], [100 * ntp["accuracy"]], marker="*", markersize=14, color="k", ls="none", label="stage 2 NTP (test)")
     ax.set(title="SmolLM2-135M SBD: accuracy vs tokens per pass (■ chosen γ, ◆ verified; test)",
            xlabel="tokens per forward pass", ylabel="whole-answer exact match (%)")

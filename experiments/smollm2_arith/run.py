@@ -24,18 +24,22 @@ import os
 import platform
 import time
 
+from recipes.smollm2_sbd.inputs import ntp_setting, sbd_setting, verified_setting
+from sbd_jax.decoding.settings import Mode, Settings
+from sbd_jax.evaluation.recorded import cache_key, describe, record
 from sbd_jax.evaluation.results import write_json
+from sbd_jax.evaluation.scoring import find, one
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 FULL = dict(train_problems=20000, valid_problems=200, test_problems=1000, max_digits=5, seq_len=128, batch=8,
             stage1_steps=250, stage2_steps=300, lr=3e-4, warmup=20, max_new_tokens=72, eval_batch=100,
-            block_sizes=(4, 8, 16), gammas=(0.0, 0.1, 0.35, 0.6, 1.0), verify_gamma=1e9, verify_problems=1000,
+            block_sizes=(4, 8, 16), gammas=(0.0, 0.1, 0.35, 0.6, 1.0), verify_problems=1000,
             speed_problems=16)
 SMOKE = dict(train_problems=200, valid_problems=6, test_problems=8, max_digits=2, seq_len=64, batch=4,
              stage1_steps=3, stage2_steps=3, lr=1e-3, warmup=1, max_new_tokens=16, eval_batch=4,
-             block_sizes=(4,), gammas=(0.0, 1.0), verify_gamma=1e9, verify_problems=4, speed_problems=2)
+             block_sizes=(4,), gammas=(0.0, 1.0), verify_problems=4, speed_problems=2)
 
 
 def plain_prompt(tokenizer, question: str) -> list[int]:
@@ -106,9 +110,9 @@ def load(name: str, spec: str, scan_layers: bool):
 def choose_gamma(entries: list[dict], block_size: int) -> float | None:
     """The γ with the most tokens per pass within 1 point of stage 2's NTP accuracy on validation,
     among γ > 0 (γ 0 reveals one token per pass: no fewer passes than NTP); None if there is none."""
-    ntp = next(e for e in entries if e["model"] == "stage2" and e["mode"] == "ntp" and e["split"] == "valid")
-    within = [e for e in entries if e["model"] == "stage2" and e["mode"] == "sbd" and e["split"] == "valid"
-              and e["block_size"] == block_size and e["gamma"] > 0 and e["accuracy"] >= ntp["accuracy"] - 0.01]
+    ntp = one(entries, model="stage2", mode=Mode.NTP, split="valid")
+    within = [e for e in find(entries, model="stage2", mode=Mode.SBD, verify=False, split="valid", block_size=block_size)
+              if e["gamma"] > 0 and e["accuracy"] >= ntp["accuracy"] - 0.01]
     return max(within, key=lambda e: e["tokens_per_pass"])["gamma"] if within else None
 
 
@@ -120,37 +124,28 @@ class Evaluations:
 
         self.sizes, self.data, self.cache = sizes, data, EntryCache(path)
 
-    def get(self, model, setting: dict, split: str, limit: int | None = None) -> dict:
+    def get(self, model, setting: Settings, split: str, limit: int | None = None) -> dict:
         """The entry of `model` decoding the split's problems (the first `limit` of them) with `setting`."""
         from sbd_jax.evaluation.measure import arithmetic_metrics
 
         problems = self.data[split][:limit]
-        key = f"{model.name}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|{split}|{len(problems)}"
+        key = f"{model.name}|{cache_key(setting)}|{split}|{len(problems)}"
 
         def compute() -> dict:
             metrics = arithmetic_metrics(model, setting, problems, self.sizes["max_new_tokens"],
                                          prompt=plain_prompt, batch_size=self.sizes["eval_batch"])
-            return {"model": model.name, **setting, "split": split, **metrics, "batch": self.sizes["eval_batch"]}
+            return {"model": model.name, **record(setting), "split": split, **metrics, "batch": self.sizes["eval_batch"]}
 
-        def describe(e: dict) -> str:
-            return (f"{e['model']:>7} {split:>5} {e['mode']:>12} k={e['block_size']:>2} γ={e['gamma']}: whole "
+        def line(e: dict) -> str:
+            return (f"{e['model']:>7} {split:>5} {describe(e):>12} k={e['block_size']:>2} γ={e['gamma']}: whole "
                     f"{e['accuracy']:.3f} final {e['accuracy_final_number']:.3f}, {e['tokens_per_pass']:.2f} tokens/pass")
 
-        return self.cache.get(key, compute, describe)
-
-
-def ntp_setting() -> dict:
-    return dict(mode="ntp", block_size=1, gamma=None, proxy=None)
-
-
-def sbd_setting(block_size: int, gamma: float, verify: bool = False) -> dict:
-    return dict(mode="sbd_verified" if verify else "sbd", block_size=block_size, gamma=gamma, proxy="entropy",
-                verify=verify)
+        return self.cache.get(key, compute, line)
 
 
 def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
     """NTP on test for every model; stage 2's SBD grid on validation, its γ per block on test, and
-    verified SBD (γ fixed in advance: verification, not γ, decides what is kept) on the first
+    verified SBD (verification decides what is kept: no γ) on the first
     `verify_problems` test problems (all of them in the full run)."""
     entries = [evaluations.get(models[m], ntp_setting(), "test") for m in ("stage1", "stage2")]
     entries.append(evaluations.get(models["stage2"], ntp_setting(), "valid"))
@@ -161,8 +156,7 @@ def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
         if gamma is not None:
             entries.append(evaluations.get(models["stage2"], sbd_setting(k, gamma), "test"))
     for k in sizes["block_sizes"]:
-        entries.append(evaluations.get(models["stage2"], sbd_setting(k, sizes["verify_gamma"], verify=True), "test",
-                                       sizes["verify_problems"]))
+        entries.append(evaluations.get(models["stage2"], verified_setting(k), "test", sizes["verify_problems"]))
     entries.append(evaluations.get(models["base"], ntp_setting(), "test"))  # last: the slowest, no EOS learned
     return entries
 
@@ -179,20 +173,21 @@ def speed(model, entries: list[dict], sizes: dict, test: list) -> list[dict]:
     for k in sizes["block_sizes"]:
         gamma = choose_gamma(entries, k)
         settings += [sbd_setting(k, gamma)] if gamma is not None else []
-        settings.append(sbd_setting(k, sizes["verify_gamma"], verify=True))
+        settings.append(verified_setting(k))
     problems, context = test[: sizes["speed_problems"]], 64  # a prompt and the first answer tokens
     out = []
     for batch in (1, 8):
         for setting in settings:
             rate, with_prefill = tokens_per_second(model, setting, problems, sizes["max_new_tokens"], batch,
                                                    repeats=1, prompt=plain_prompt)
-            k = setting["block_size"]
+            row = record(setting)
+            k = row["block_size"]
             cost = forward_cost_ratio(model, k, context=context, calls=20) if k > 1 else 1.0
-            out.append({"model": "stage2", **setting, "split": "speed", "n": len(problems), "batch": batch,
+            out.append({"model": "stage2", **row, "split": "speed", "n": len(problems), "batch": batch,
                         "tokens_per_second": rate, "tokens_per_second_with_prefill": with_prefill,
                         "forward_cost_ratio_cpu": cost,
                         "forward_cost_ratio_h100_roofline": slowdown(h100, shape, batch, k, context)})
-            print(f"speed batch {batch} {setting['mode']} k={k} γ={setting['gamma']}: {rate:.1f} tokens/s "
+            print(f"speed batch {batch} {describe(row)} k={k} γ={row['gamma']}: {rate:.1f} tokens/s "
                   f"({with_prefill:.1f} with prefill), time(k)/time(1) {cost:.2f} CPU, "
                   f"{out[-1]['forward_cost_ratio_h100_roofline']:.2f} H100", flush=True)
     return out

@@ -8,7 +8,7 @@ Rows (greedy decoding throughout):
   on the *validation* prompts (never on HumanEval or the test prompts): the γ with the most tokens per
   forward among those whose outputs equal the fine-tuned model's NTP outputs on at least
   `AGREEMENT_FLOOR` of the validation prompts (a rule fixed before any result was seen);
-- verified SBD at each block size, drafts from one pass (γ = ∞): output identical to NTP by construction;
+- verified SBD at each block size, every draft from one pass: output identical to NTP by construction;
 - the baselines a user already has: verified decoding with prompt-lookup drafts (no training) on the base
   and on the fine-tune, and hybrid drafts (SBD's block, else lookup) on the fine-tune, at each block size.
 
@@ -26,66 +26,29 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 from recipes.smollm2_sbd.distill import repeats_a_window
+from recipes.smollm2_sbd.inputs import (
+    Prompt,
+    add_model_arguments,
+    chat,
+    humaneval_prompts,
+    load,
+    models_and_prompts,
+    ntp_setting,
+    sbd_setting,
+    verified_setting,
+)
 from sbd_jax.decoding.drafts import Drafts
-from sbd_jax.decoding.settings import Mode
+from sbd_jax.decoding.settings import Mode, Settings
+from sbd_jax.evaluation.recorded import FIELDS, cache_key, describe, record
 from sbd_jax.evaluation.scoring import first_difference
-from sbd_jax.model.config import RUN_DTYPES, backend_dtype
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BLOCK_SIZES = (4, 8, 16)
 PAPER_GAMMAS = (0.35, 0.6)  # the paper's chat settings
 VALIDATION_GAMMAS = (0.1, 0.35, 0.6, 1.0)
-VERIFY_GAMMA = 1e9  # every draft from one pass: verification alone decides what is kept
 AGREEMENT_FLOOR = 0.5
-
-
-class Prompt(NamedTuple):
-    question: str  # the shape experiments.small_scale.evaluate's helpers read
-
-
-def ntp_setting() -> dict:
-    return dict(mode="ntp", block_size=1, gamma=None, proxy=None)
-
-
-def drafts_setting(block_size: int, drafts: str, fallback_blocks: int = 0) -> dict:
-    """Verified decoding with lookup or hybrid drafts (`sbd_jax.decoding.lookup`); lookup needs no fine-tune.
-    Hybrid's setting names the rule that chooses between the sources, so results of another rule are not reused."""
-    from sbd_jax.decoding.chain_drafts import HYBRID_RULE
-
-    rule = {"hybrid_rule": HYBRID_RULE} if drafts == Drafts.HYBRID else {}
-    return with_fallback(dict(mode=f"verified_{drafts}", block_size=block_size, gamma=None, proxy=None, verify=True,
-                              drafts=drafts, **rule), fallback_blocks)
-
-
-def sbd_setting(block_size: int, gamma: float, verify: bool = False, fallback_blocks: int = 0) -> dict:
-    return with_fallback(dict(mode="sbd_verified" if verify else "sbd", block_size=block_size, gamma=gamma,
-                              proxy="entropy", verify=verify), fallback_blocks)
-
-
-def with_fallback(setting: dict, fallback_blocks: int) -> dict:
-    """A verified setting with fallback blocks (`VerifiedSBDDecoder`): its mode names them, so its cached
-    entries are its own; without them the setting is as it always was (old entries stay valid)."""
-    if not fallback_blocks:
-        return setting
-    return dict(setting, mode=f"{setting['mode']}_fallback{fallback_blocks}", fallback_blocks=fallback_blocks)
-
-
-def chat(tokenizer: Any, question: str) -> list[int]:
-    """A question as the fine-tune saw its prompts (the chat template, generation prompt added)."""
-    from sbd_jax.checkpoints.tokenizer import encode_prompt
-
-    return encode_prompt(tokenizer, question, chat=True)
-
-
-def humaneval_prompts(tasks: list[dict]) -> list[Prompt]:
-    """HumanEval problems as the evaluation asks them (its entries are keyed by these prompts' count)."""
-    from recipes.smollm2_sbd.humaneval import INSTRUCTION
-
-    return [Prompt(INSTRUCTION.format(prompt=p["prompt"])) for p in tasks]
 
 
 class Evaluations:
@@ -101,12 +64,11 @@ class Evaluations:
         self.fingerprints = {name: fingerprint(m.params) for name, m in models.items()}
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
 
-    def key(self, model: str, setting: dict, split: str) -> str:
-        return (f"{model}@{self.fingerprints[model]}|{setting['mode']}|{setting['block_size']}|{setting['gamma']}|"
-                f"{split}|{len(self.splits[split])}|{self.max_new_tokens}"
-                + (f"|hybrid rule: {setting['hybrid_rule']}" if "hybrid_rule" in setting else ""))
+    def key(self, model: str, setting: Settings, split: str) -> str:
+        return (f"{model}@{self.fingerprints[model]}|{cache_key(setting)}|{split}|{len(self.splits[split])}|"
+                f"{self.max_new_tokens}")
 
-    def get(self, model: str, setting: dict, split: str) -> dict:
+    def get(self, model: str, setting: Settings, split: str) -> dict:
         from sbd_jax.evaluation.measure import decode
 
         prompts = self.splits[split]
@@ -116,21 +78,21 @@ class Evaluations:
             trained = self.models[model]
             ids = [chat(trained.tokenizer, p.question) for p in prompts]
             results = decode(trained, setting, ids, self.max_new_tokens, self.batch_size)[0]
-            return {"model": model, "weights": self.fingerprints[model], **setting, "split": split, "n": len(prompts),
+            return {"model": model, "weights": self.fingerprints[model], **record(setting), "split": split, "n": len(prompts),
                     "outputs": [r.token_ids for r in results], "nfe": [r.nfe for r in results],
                     "drafted": sum(r.drafted for r in results), "accepted": sum(r.accepted for r in results)}
 
-        def describe(e: dict) -> str:
-            return (f"{model:>9} {split:>9} {setting['mode']:>12} k={setting['block_size']:>2} γ={setting['gamma']}: "
+        def line(e: dict) -> str:
+            return (f"{model:>9} {split:>9} {describe(e):>12} k={e['block_size']:>2} γ={e['gamma']}: "
                     f"{sum(map(len, e['outputs'])) / max(sum(e['nfe']), 1):.2f} tokens/forward")
 
-        return self.cache.get(key, compute, describe)
+        return self.cache.get(key, compute, line)
 
 
 def summary(entry: dict, reference: dict | None) -> dict:
     """An entry's numbers; `reference`: the same model's NTP entry on the same prompts."""
     tokens, nfe = sum(map(len, entry["outputs"])), sum(entry["nfe"])
-    out = {k: entry[k] for k in ("model", "mode", "block_size", "gamma", "split", "n", "seconds")}
+    out = {k: entry[k] for k in ("model", *FIELDS, "split", "n", "seconds")}
     out.update(tokens_per_forward=tokens / max(nfe, 1), mean_tokens=tokens / max(entry["n"], 1),
                accepted_fraction=entry["accepted"] / entry["drafted"] if entry["drafted"] else None,
                # loops make blocks easy: a setting that loops more gets more tokens per forward for it
@@ -155,7 +117,8 @@ def choose_gamma(validation: list[dict], block_size: int) -> float | None:
 
 def plain_rows(validation: list[dict], block_size: int) -> list[dict]:
     """The validation grid's plain SBD summaries at `block_size` that γ may be chosen from (γ > 0)."""
-    return [s for s in validation if s["mode"] == Mode.SBD and s["block_size"] == block_size and s["gamma"] > 0]
+    return [s for s in validation if s["mode"] == Mode.SBD and not s["verify"] and s["block_size"] == block_size
+            and s["gamma"] > 0]
 
 
 def humaneval_scores(entry: dict, tokenizer: Any, problems: list[dict]) -> list[bool]:
@@ -179,7 +142,7 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
     ntp = ntp_setting()
     results: dict = {"complete": False, "rows": [], "validation": [], "chosen_gamma": {}}
 
-    def add_row(model: str, setting: dict, chosen: bool = False) -> None:
+    def add_row(model: str, setting: Settings, chosen: bool = False) -> None:
         test = evaluations.get(model, setting, "test")
         code = evaluations.get(model, setting, "humaneval")
         row = summary(test, evaluations.get(model, ntp, "test"))
@@ -188,10 +151,9 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
         ntp_passed = humaneval_scores(evaluations.get(model, ntp, "humaneval"), evaluations.models[model].tokenizer,
                                       problems)
         results["rows"].append(
-            {**{k: row[k] for k in ("model", "mode", "block_size", "gamma")}, "chosen_on_validation": chosen,
-             "test": {k: v for k, v in row.items() if k not in ("model", "mode", "block_size", "gamma", "split")},
-             "humaneval": {**{k: v for k, v in code_row.items()
-                              if k not in ("model", "mode", "block_size", "gamma", "split")},
+            {**{k: row[k] for k in ("model", *FIELDS)}, "chosen_on_validation": chosen,
+             "test": {k: v for k, v in row.items() if k not in ("model", *FIELDS, "split")},
+             "humaneval": {**{k: v for k, v in code_row.items() if k not in ("model", *FIELDS, "split")},
                            "passed": sum(passed), "pass_at_1": sum(passed) / len(passed),
                            "passed_vs_ntp": sum(passed) - sum(ntp_passed)}})
         evaluations.cache.save()  # the harness's verdicts are cached too
@@ -201,11 +163,11 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
     for model in ("base", "tuned"):
         add_row(model, ntp)
     for k in block_sizes:
-        add_row("tuned", sbd_setting(k, VERIFY_GAMMA, verify=True))
+        add_row("tuned", verified_setting(k))
     for k in block_sizes:
-        add_row("base", drafts_setting(k, "lookup"))
-        add_row("tuned", drafts_setting(k, "lookup"))
-        add_row("tuned", drafts_setting(k, "hybrid"))
+        add_row("base", verified_setting(k, Drafts.LOOKUP))
+        add_row("tuned", verified_setting(k, Drafts.LOOKUP))
+        add_row("tuned", verified_setting(k, Drafts.HYBRID))
     valid_ntp = evaluations.get("tuned", ntp, "valid")
     results["validation_ntp"] = summary(valid_ntp, None)
     for k in block_sizes:
@@ -220,6 +182,24 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
         for g in sorted({*PAPER_GAMMAS, *([chosen[k]] if chosen[k] is not None else [])}):
             add_row("tuned", sbd_setting(k, g), chosen=g == chosen[k])
     return results
+
+
+def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype: str) -> list[dict]:
+    """Tokens per forward on the validation prompts at every milestone: verified SBD and plain SBD (γ 0.35)."""
+    from sbd_jax.data.jsonl import iter_jsonl
+
+    valid = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(data, "valid.jsonl"))]
+    out = []
+    k = sizes["trend_block"]
+    for step, path in sorted(milestones.items()):
+        name = f"step{step}"
+        evaluations = Evaluations(cache, {name: load(name, path, True, dtype, base=base)}, {"valid": valid},
+                                  sizes["max_new"], sizes["eval_batch"])
+        ntp = evaluations.get(name, ntp_setting(), "valid")
+        out.append({"steps": int(step), "ntp": summary(ntp, None),
+                    "verified": summary(evaluations.get(name, verified_setting(k), "valid"), ntp),
+                    "sbd": summary(evaluations.get(name, sbd_setting(k, 0.35), "valid"), ntp)})
+    return out
 
 
 def heldout_loss(models: dict, files: Sequence[str], seq_len: int, rows: int) -> dict:
@@ -238,87 +218,28 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
-    settings = [ntp_setting()]
+    settings: list[tuple[Settings, dict]] = [(ntp_setting(), {})]
     for k, gamma in chosen.items():
-        settings.append({**sbd_setting(k, PAPER_GAMMAS[0] if gamma is None else gamma),
-                         "chosen_on_validation": gamma is not None})
-        settings.append(sbd_setting(k, VERIFY_GAMMA, verify=True))
-        settings += [drafts_setting(k, "lookup"), drafts_setting(k, "hybrid")]
+        settings.append((sbd_setting(k, PAPER_GAMMAS[0] if gamma is None else gamma),
+                         {"chosen_on_validation": gamma is not None}))
+        settings += [(verified_setting(k, drafts), {}) for drafts in (Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID)]
     context = 256  # a chat prompt and the first part of its answer
     out = []
     for batch, n in ((1, 4), (8, 16)):
-        for setting in settings:
+        for setting, extra in settings:
             rate, with_prefill = tokens_per_second(model, setting, prompts[:n], max_new_tokens, batch, repeats=1,
                                                    prompt=chat)
-            k = setting["block_size"]
-            out.append({**setting, "batch": batch, "prompts": n, "tokens_per_second": rate,
+            row = record(setting)
+            k = row["block_size"]
+            out.append({**row, **extra, "batch": batch, "prompts": n, "tokens_per_second": rate,
                         "tokens_per_second_with_prefill": with_prefill,
                         "forward_cost_ratio_cpu": forward_cost_ratio(model, k, context=context, calls=20) if k > 1 else 1.0,
                         "forward_cost_ratio_h100_roofline": slowdown(h100, shape, batch, k, context)})
-            print(f"speed batch {batch} {setting['mode']} k={k} γ={setting['gamma']}: {rate:.1f} tokens/s", flush=True)
+            print(f"speed batch {batch} {describe(row)} k={k} γ={row['gamma']}: {rate:.1f} tokens/s", flush=True)
     for row in out:
         ntp = next(r for r in out if r["batch"] == row["batch"] and r["mode"] == Mode.NTP)
         row["vs_ntp"] = row["tokens_per_second"] / ntp["tokens_per_second"]
     return out
-
-
-def load(name: str, spec: str, scan_layers: bool, dtype: str, base: str | None = None):
-    """A model to evaluate: an HF directory / GGUF / known name, or a gated adapter's directory (train.py's
-    workdir/adapter) on `base`."""
-    import jax
-
-    from sbd_jax.checkpoints.adapter import CONFIG, attach_adapter
-    from sbd_jax.checkpoints.load import load_model
-    from sbd_jax.evaluation.measure import EvaluatedModel
-
-    adapter = os.path.isfile(os.path.join(spec, CONFIG))
-    loaded = load_model(base if adapter else spec, dtype=dtype, scan_layers=scan_layers)
-    config, params, tokenizer = loaded.config, loaded.params, loaded.tokenizer
-    if adapter:
-        config, params, tokenizer = attach_adapter(spec, config, params, tokenizer)
-    return EvaluatedModel(name, config, jax.device_put(params), tokenizer)
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, partial: bool = False) -> None:
-    """The options every evaluation of the recipe shares (this one, `headline.py`, `plain.py`): which models,
-    prompts and entry cache, how long and how batched the decoding; `partial` (one split or block): also
-    `--prompts`, each split's first N."""
-    parser.add_argument("--base", default="smollm2-135m")
-    parser.add_argument("--tuned", required=True, help="the fine-tune's HF directory (train workdir/hf), or a gated "
-                        "adapter's directory (workdir/adapter, on --base)")
-    parser.add_argument("--data", required=True, help="the recipe's data folder (valid.jsonl, test.jsonl)")
-    parser.add_argument("--cache", required=True, help="the evaluation's entries.json, shared by every evaluation "
-                        "(a rerun resumes)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--dtype", default=None, choices=RUN_DTYPES,
-                        help="default: bfloat16 on GPU/TPU, float32 on CPU")
-    if partial:
-        parser.add_argument("--prompts", type=int, default=None, help="each split's first N prompts or problems "
-                            "(default: all)")
-
-
-def models_and_prompts(args: argparse.Namespace, splits: Sequence[str], limit: int | None = None
-                       ) -> tuple[dict, dict, bool, str]:
-    """The base and the fine-tune, each split's prompts (its first `limit`; HumanEval's as `humaneval_prompts`
-    makes them, so that entries are shared), whether the fine-tune is a gated adapter, and the dtype."""
-    import jax
-
-    from recipes.smollm2_sbd.humaneval import problems
-    from sbd_jax.checkpoints.adapter import CONFIG
-    from sbd_jax.data.jsonl import iter_jsonl
-
-    dtype = args.dtype or backend_dtype(jax.default_backend())
-    prompts = {}
-    for split in splits:
-        if split == "humaneval":
-            prompts[split] = humaneval_prompts(problems(limit))
-        else:
-            rows = iter_jsonl(os.path.join(args.data, f"{split}.jsonl"))
-            prompts[split] = [Prompt(r["prompt"]) for _, r in rows][:limit]
-    # Scanned layers compile each decoder in a fraction of the time (accuracy runs); unrolled for speed.
-    models = {"base": load("base", args.base, True, dtype), "tuned": load("tuned", args.tuned, True, dtype, base=args.base)}
-    return models, prompts, os.path.isfile(os.path.join(args.tuned, CONFIG)), dtype
 
 
 def main(argv: Sequence[str] | None = None, progress: Callable[[dict], None] | None = None) -> dict:

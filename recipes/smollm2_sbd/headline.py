@@ -1,6 +1,6 @@
 """The recipe's headline at one block size, before (or without) the full evaluation: verified decoding of the
-fine-tune with SBD, lookup and hybrid drafts beside the base model's NTP and lookup, on one split (the
-validation or test prompts, or HumanEval).
+fine-tune with SBD's block (as a chain and as a tree), lookup and hybrid drafts beside the base model's NTP and
+lookup, on one split (the validation or test prompts, or HumanEval).
 
     python -m recipes.smollm2_sbd.headline --tuned runs/a/train/adapter --data runs/a/data \\
         --cache recipes/smollm2_sbd/results/cpu_adapter/entries.json --block-size 8 --split test
@@ -20,31 +20,26 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from recipes.smollm2_sbd.eval import (
-    VERIFY_GAMMA,
-    Evaluations,
-    add_model_arguments,
-    drafts_setting,
-    models_and_prompts,
-    ntp_setting,
-    sbd_setting,
-    summary,
-)
+from recipes.smollm2_sbd.eval import Evaluations, summary
+from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts, ntp_setting, verified_setting
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Settings
+from sbd_jax.evaluation.recorded import describe
 from sbd_jax.evaluation.results import provenance, write_json
 
 
-def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple[str, dict]]:
-    """(model, setting) in the order measured after the base model's NTP (the reference). An adapter's NTP (and
-    so its lookup row) is the base's exactly: lookup drafts depend on the context alone, so on the same outputs
-    they are accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first:
+def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple[str, Settings]]:
+    """(model, setting) in the order measured after the base model's NTP (the reference): SBD's block as a chain,
+    hybrid, the base's lookup, SBD's block as a tree. An adapter's NTP (and so its lookup row) is the base's
+    exactly: lookup drafts depend on the context alone, so on the same outputs they are accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first:
     the rows are cached one by one, and hybrid is the one to compare with lookup)."""
-    out = [("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True)),
-           ("tuned", drafts_setting(block_size, "hybrid")), ("base", drafts_setting(block_size, "lookup"))]
+    out = [("tuned", verified_setting(block_size)), ("tuned", verified_setting(block_size, Drafts.HYBRID)),
+           ("base", verified_setting(block_size, Drafts.LOOKUP)), ("tuned", verified_setting(block_size, Drafts.SBD_TREE))]
     if not adapter:
-        out += [("tuned", ntp_setting()), ("tuned", drafts_setting(block_size, "lookup"))]
+        out += [("tuned", ntp_setting()), ("tuned", verified_setting(block_size, Drafts.LOOKUP))]
     if fallback_blocks:
-        out += [("tuned", drafts_setting(block_size, "hybrid", fallback_blocks)),
-                ("tuned", sbd_setting(block_size, VERIFY_GAMMA, verify=True, fallback_blocks=fallback_blocks))]
+        out += [("tuned", verified_setting(block_size, Drafts.HYBRID, fallback_blocks)),
+                ("tuned", verified_setting(block_size, Drafts.SBD, fallback_blocks))]
     return out
 
 
@@ -53,10 +48,9 @@ def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool
     """`rows`, each decoded (or read from the cache) and summarised against the base model's NTP outputs;
     `progress(rows so far)` after each."""
     base_ntp = evaluations.get("base", ntp_setting(), split)
-    table = [summary(base_ntp, base_ntp) | {"source": None}]
+    table = [summary(base_ntp, base_ntp)]
     for model, setting in rows(block_size, adapter, fallback_blocks):
-        entry = evaluations.get(model, setting, split)
-        table.append(summary(entry, base_ntp) | {"source": setting.get("drafts", "sbd" if setting.get("verify") else None)})
+        table.append(summary(evaluations.get(model, setting, split), base_ntp))
         if progress:
             progress(table)
     return table
@@ -86,7 +80,7 @@ def main(argv: Sequence[str]) -> None:
     print("| model | decoding | tokens/forward | accepted drafts | identical to base NTP |\n|---|---|---|---|---|")
     for r in table:
         accepted = "" if r["accepted_fraction"] is None else f"{r['accepted_fraction']:.1%}"
-        print(f"| {r['model']} | {r['mode']} | {r['tokens_per_forward']:.3f} | {accepted} | "
+        print(f"| {r['model']} | {describe(r)} | {r['tokens_per_forward']:.3f} | {accepted} | "
               f"{r['agreement_with_ntp']:.1%} |")
 
 

@@ -21,18 +21,8 @@ import os
 import sys
 from typing import Callable, Sequence
 
-from recipes.smollm2_sbd.eval import (
-    AGREEMENT_FLOOR,
-    VALIDATION_GAMMAS,
-    Evaluations,
-    add_model_arguments,
-    choose_gamma,
-    models_and_prompts,
-    ntp_setting,
-    plain_rows,
-    sbd_setting,
-    summary,
-)
+from recipes.smollm2_sbd.eval import AGREEMENT_FLOOR, VALIDATION_GAMMAS, Evaluations, choose_gamma, plain_rows, summary
+from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts, ntp_setting, sbd_setting
 from sbd_jax.evaluation.results import provenance, write_json
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 from typing import Any
 
+from sbd_jax.evaluation.recorded import describe
 from sbd_jax.evaluation.results import render_from_json
 
 
@@ -14,13 +15,11 @@ def _row(*cells: Any) -> str:
 
 
 def _gamma(g: float | None) -> str:
-    return "" if g is None else "∞ (one pass)" if g >= 1e8 else f"{g:g}"
+    return "" if g is None else f"{g:g}"
 
 
 def _label(r: dict) -> str:
-    names = {"ntp": "NTP", "sbd": "SBD", "sbd_verified": "verified SBD", "verified_lookup": "verified, lookup drafts",
-             "verified_hybrid": "verified, hybrid drafts"}
-    return f"{r['model']}, {names[r['mode']]}"
+    return f"{r['model']}, {describe(r)}"
 
 
 def data_lines(results: dict) -> list[str]:
@@ -105,7 +104,7 @@ def speed_lines(results: dict) -> list[str]:
                   "time(k)/time(1) here", "time(k)/time(1) H100 (roofline)"), _row(*["---"] * 9)]
     for s in results["evaluation"]["speed"]:
         gamma = _gamma(s["gamma"]) + (" (paper's; none chosen)" if s.get("chosen_on_validation") is False else "")
-        lines.append(_row(s["batch"], s["mode"], s["block_size"], gamma, f"{s['tokens_per_second']:.1f}",
+        lines.append(_row(s["batch"], describe(s), s["block_size"], gamma, f"{s['tokens_per_second']:.1f}",
                           f"{s['vs_ntp']:.2f}×", f"{s['tokens_per_second_with_prefill']:.1f}",
                           f"{s['forward_cost_ratio_cpu']:.2f}", f"{s['forward_cost_ratio_h100_roofline']:.2f}"))
     return lines + [""]
@@ -170,10 +169,10 @@ def plot(results: dict, path: str) -> None:
     left.plot(steps, [t["sbd"]["tokens_per_forward"] for t in results["trend"]], "s-", label=f"SBD block {k}, γ 0.35")
     left.set(xlabel="fine-tuning steps", ylabel="tokens per forward (validation)", title="Trend with training")
     left.legend()
-    for mode, marker in (("ntp", "o"), ("sbd", "s"), ("sbd_verified", "^")):
-        rows = [r for r in results["evaluation"]["rows"] if r["mode"] == mode]
+    for label, marker in (("NTP", "o"), ("SBD", "s"), ("verified SBD", "^")):
+        rows = [r for r in results["evaluation"]["rows"] if describe(r) == label]
         right.scatter([r["humaneval"]["tokens_per_forward"] for r in rows], [r["humaneval"]["passed"] for r in rows],
-                      marker=marker, label=mode)
+                      marker=marker, label=label)
     right.set(xlabel="tokens per forward (HumanEval)", ylabel="HumanEval problems passed", title="HumanEval")
     right.legend()
     fig.tight_layout()

@@ -186,32 +186,6 @@ def ntp_control(cfg, workdir: str) -> str:
     return os.path.join(workdir, "hf")
 
 
-def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype: str) -> list[dict]:
-    """Tokens per forward on the validation prompts at every milestone: verified SBD and plain SBD (γ 0.35)."""
-    from recipes.smollm2_sbd.eval import (
-        Evaluations,
-        Prompt,
-        load,
-        ntp_setting,
-        sbd_setting,
-        summary,
-    )
-    from sbd_jax.data.jsonl import iter_jsonl
-
-    valid = [Prompt(r["prompt"]) for _, r in iter_jsonl(os.path.join(data, "valid.jsonl"))]
-    out = []
-    k = sizes["trend_block"]
-    for step, path in sorted(milestones.items()):
-        name = f"step{step}"
-        evaluations = Evaluations(cache, {name: load(name, path, True, dtype, base=base)}, {"valid": valid}, sizes["max_new"],
-                                  sizes["eval_batch"])
-        ntp = evaluations.get(name, ntp_setting(), "valid")
-        out.append({"steps": int(step), "ntp": summary(ntp, None),
-                     "verified": summary(evaluations.get(name, sbd_setting(k, 1e9, verify=True), "valid"), ntp),
-                     "sbd": summary(evaluations.get(name, sbd_setting(k, 0.35), "valid"), ntp)})
-    return out
-
-
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", required=True)
@@ -325,7 +299,7 @@ def main(argv: list[str]) -> None:
     if args.stop_after == "train":
         return
     cache = os.path.join(out, "entries.json")  # beside the results, committed with them: a new machine resumes
-    redone("trend", timed("eval", trend, args.base, results["train"]["milestones"], data, cache, sizes, dtype))
+    redone("trend", timed("eval", evaluation.trend, args.base, results["train"]["milestones"], data, cache, sizes, dtype))
     _write(results, out, write_report)
     if results["train"]["steps_done"] < results["train"]["steps"]:
         return

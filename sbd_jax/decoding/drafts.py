@@ -17,9 +17,9 @@ own successors).
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
+from sbd_jax.choice import Choice
 from sbd_jax.decoding.chain_drafts import Hybrid, Lookup, SBDBlock
 from sbd_jax.decoding.context_drafts import ContextTrie, Mixed, Successors
 from sbd_jax.decoding.lookup import MAX_NGRAM
@@ -28,7 +28,7 @@ from sbd_jax.errors import UserError
 SBD_TREE_TOP_K = 4  # tokens a masked-block position offers the tree (DDTree's per-position top-k)
 
 
-class Drafts(str, enum.Enum):
+class Drafts(Choice):
     """What proposes the drafts verification checks (the CLI's `--drafts`): sbd, lookup and hybrid one chain a pass,
     the others a tree (SBD's block: `sbd_jax.decoding.chain_drafts`; the context and the model's successors:
     `sbd_jax.decoding.context_drafts`)."""

@@ -1,5 +1,6 @@
-"""Set Block Decoding: `BlockDecoder` (what block decoders share: the pass that commits one block while
-it predicts the next) and `SBDDecoder` (blocks filled in by Entropy-Bounded passes)."""
+"""Set Block Decoding: `BlockDecoder` (what block decoders share: the block size and the mask token) and
+`SBDDecoder` (each block predicted by the pass that commits the one before, then filled in by Entropy-Bounded
+passes)."""
 
 from __future__ import annotations
 
@@ -38,46 +39,29 @@ class BlockDecoder(Decoder):
                 "(which sets one) or pass --mask-token-id")
 
     def first_pass(self, params: Any, cache: KVCache, pending_BK: jax.Array, pending_count_B: jax.Array,
-                   block_BK: jax.Array, causal_logits: bool, fallback_blocks: int = 0
-                   ) -> tuple[jax.Array | None, jax.Array, NewKV]:
+                   block_BK: jax.Array) -> tuple[jax.Array, NewKV]:
         """The pass that commits the pending tokens while it predicts the next block: the pending tokens
         (the first `pending_count` of `pending_BK`) run causally after the cache while the new block
         (`block_BK`, after all of them) attends to the cache, to them and bidirectionally to itself.
-        `fallback_blocks` more copies of the block (verified decoding), copy a placed after pending
-        position a and seeing the pending tokens only through it: the next block where draft a + 1 is
-        rejected. The pass is (2 + fallback_blocks) k tokens.
 
-        Returns the pending tokens' causal logits `[B, k, V]` (position j predicts the token after it;
-        None unless `causal_logits`: plain SBD never reads them, and the vocabulary projection of k
-        positions is a large share of a small model's pass), the blocks' logits `[B, 1 + fallback_blocks,
-        k, V]` (the block after every pending token first), and the pending tokens' K/V for
-        `kv_cache.append`. Everything is projected in one product: at a small batch it reads the output
-        matrix once, where several products read it several times.
+        Returns the block's logits `[B, k, V]` and the pending tokens' K/V for `kv_cache.append` (only the
+        block's positions are projected onto the vocabulary: SBD never reads the pending tokens' logits).
         """
         k, batch = self.block_size, pending_BK.shape[0]
-        blocks = 1 + fallback_blocks
         j = jnp.arange(k)
-        # Pending tokens each block sees: all of them, then 1, 2, ... (never more than there are).
-        seen_BM = jnp.concatenate([pending_count_B[:, None],
-                                   jnp.minimum(jnp.arange(1, blocks), pending_count_B[:, None])], axis=1)
         pending_pos = cache.lengths[:, None] + j
-        block_pos = ((cache.lengths[:, None] + seen_BM)[:, :, None] + j).reshape(batch, blocks * k)
+        block_pos = (cache.lengths + pending_count_B)[:, None] + j
         causal = jnp.broadcast_to(masks.causal(k), (batch, k, k))
-        sees_pending = j[None, None, :] < jnp.repeat(seen_BM, k, axis=1)[:, :, None]  # [B, blocks * k, k]
-        block_of = jnp.repeat(jnp.arange(blocks), k)
-        own_block = jnp.broadcast_to(block_of[:, None] == block_of[None, :], (batch, blocks * k, blocks * k))
+        sees_pending = jnp.broadcast_to(j[None, None, :] < pending_count_B[:, None, None], (batch, k, k))
         mask = jnp.concatenate([
-            jnp.concatenate([causal, jnp.zeros((batch, k, blocks * k), bool)], axis=2),  # never see a block
-            jnp.concatenate([sees_pending, own_block], axis=2),
+            jnp.concatenate([causal, jnp.zeros((batch, k, k), bool)], axis=2),  # never see the block
+            jnp.concatenate([sees_pending, jnp.ones((batch, k, k), bool)], axis=2),
         ], axis=1)
-        hidden, kv = forward(  # an adapter acts on the blocks alone
-            Transformer(self.config, gate_from=k), params,
-            jnp.concatenate([pending_BK, jnp.tile(block_BK, (1, blocks))], axis=1),
+        hidden, kv = forward(  # an adapter acts on the block alone
+            Transformer(self.config, gate_from=k), params, jnp.concatenate([pending_BK, block_BK], axis=1),
             jnp.concatenate([pending_pos, block_pos], axis=1), mask=mask, cache=cache, compute_logits=False)
-        logits = vocab_logits(hidden if causal_logits else hidden[:, k:], output_kernel(params, self.config))
-        pending_logits = logits[:, :k] if causal_logits else None
-        block_logits = logits[:, -blocks * k:].reshape(batch, blocks, k, -1)
-        return pending_logits, block_logits, NewKV(kv.k[:, :, :k], kv.v[:, :, :k])
+        logits = vocab_logits(hidden[:, k:], output_kernel(params, self.config))
+        return logits, NewKV(kv.k[:, :, :k], kv.v[:, :, :k])
 
 
 class _FillState(struct.PyTreeNode):
@@ -175,9 +159,7 @@ class SBDDecoder(BlockDecoder):
             offset = s.index * k
             live = ~s.done
             new_block = jnp.full((batch, k), mask_id, jnp.int32)
-            _, block_logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count, new_block,
-                                                  causal_logits=False)
-            logits = block_logits[:, 0]
+            logits, kv = self.first_pass(params, s.cache, s.pending, s.pending_count, new_block)
             cache = append(s.cache, kv.k, kv.v, s.pending_count)
             budget = jnp.full((batch,), self.max_new_tokens - offset)
             filled = self.fill_block(params, cache, new_block, logits, live, budget, knobs.gamma, s.nfe + live,

@@ -89,8 +89,7 @@ class Settings:
         check_block_size(self.block_size)
         if self.drafts.is_tree and self.block_size < 2:
             raise UserError(f"drafts {self.drafts.value!r} form trees block_size - 1 deep: give block_size >= 2")
-        if self.mode == Mode.SBD:
-            object.__setattr__(self, "proxy", check_proxy(self.proxy))
+        object.__setattr__(self, "proxy", check_proxy(self.proxy))  # a bad name is an error in any mode
         if self.gamma is not None:
             check_gamma(self.gamma)
 

@@ -15,8 +15,7 @@ import numpy as np
 from sbd_jax.checkpoints.tokenizer import encode_prompt
 from sbd_jax.data.packing import Batch, load_packed
 from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate_batched, tokens_per_pass
-from sbd_jax.decoding.settings import Mode, Settings
-from sbd_jax.decoding.token_choice import Proxy
+from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.arithmetic import Problem, final_result
 from sbd_jax.evaluation.scoring import wilson
 from sbd_jax.model.config import ModelConfig
@@ -69,21 +68,13 @@ def _ntp_loss(config: ModelConfig) -> Any:
     return jax.jit(functools.partial(ntp_loss, model=Transformer(config)))
 
 
-def decode(model: EvaluatedModel, setting: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+def decode(model: EvaluatedModel, settings: Settings, prompts: Sequence[Sequence[int]], max_new_tokens: int,
            batch: int = 0) -> tuple[list[Generation], BatchTiming]:
-    """Greedy decoding of token-id prompts `batch` at a time (0: all in one batch) with a setting: a dict
-    of mode, block_size, gamma, proxy, verify, drafts, lookup_min_match and fallback_blocks, as results record it (every mode but "ntp" names a
-    block decoder: "sbd", "sbd_verified", "verified_lookup", ...; `verify`, `drafts` and `proxy` say which)."""
-    ntp = setting["mode"] == Mode.NTP
-    settings = Settings(mode=Mode.NTP if ntp else Mode.SBD, max_new_tokens=max_new_tokens,
-                        **({} if ntp else {"block_size": setting["block_size"], "proxy": setting["proxy"] or Proxy.ENTROPY,
-                                           "verify": setting.get("verify", False),
-                                           "drafts": setting.get("drafts", "sbd"),
-                                           "lookup_min_match": setting.get("lookup_min_match", 1),
-                                           "fallback_blocks": setting.get("fallback_blocks", 0)}))
-    gamma = {} if setting["gamma"] is None else {"gamma": setting["gamma"]}  # verified: drafts take one pass anyway
+    """Decoding of token-id prompts `batch` at a time (0: all in one batch) with `settings`, each prompt to at most
+    `max_new_tokens` (the run's length, whatever `settings` say)."""
+    settings = dataclasses.replace(settings, max_new_tokens=max_new_tokens)
     return generate_batched(settings.decoder(model.config), model.params, prompts, batch or len(prompts),
-                            executables=model.executables, **gamma)
+                            executables=model.executables, gamma=settings.entropy_budget)
 
 
 def chat_prompt(tokenizer: Any, question: str) -> list[int]:
@@ -94,13 +85,13 @@ def chat_prompt(tokenizer: Any, question: str) -> list[int]:
 Prompt = Callable[[Any, str], list[int]]  # (tokenizer, question) -> token ids the answer follows
 
 
-def arithmetic_metrics(model: EvaluatedModel, setting: dict, test: Sequence[Problem], max_new_tokens: int,
+def arithmetic_metrics(model: EvaluatedModel, settings: Settings, test: Sequence[Problem], max_new_tokens: int,
                        prompt: Prompt = chat_prompt, batch_size: int = 0) -> dict:
     """Whole-answer exact match (the worked steps and the result, as the model should write them),
     final-number match, both by answer length (steps), and tokens per pass (with verified SBD, the
     fraction of drafted tokens accepted). Decoded in batches of `batch_size` (0: all at once)."""
     prompts = [prompt(model.tokenizer, p.question) for p in test]
-    results = decode(model, setting, prompts, max_new_tokens, batch_size)[0]
+    results = decode(model, settings, prompts, max_new_tokens, batch_size)[0]
     texts = [model.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in results]
     whole = np.array([t == p.answer for t, p in zip(texts, test)])
     final = np.array([final_result(t) == p.result for t, p in zip(texts, test)])
@@ -113,7 +104,7 @@ def arithmetic_metrics(model: EvaluatedModel, setting: dict, test: Sequence[Prob
             "examples": [{"question": p.question, "output": t} for p, t in list(zip(test, texts))[:3]]}
 
 
-def tokens_per_second(model: EvaluatedModel, setting: dict, test: Sequence[Problem], max_new_tokens: int, batch: int,
+def tokens_per_second(model: EvaluatedModel, settings: Settings, test: Sequence[Problem], max_new_tokens: int, batch: int,
                       repeats: int, prompt: Prompt = chat_prompt) -> tuple[float, float]:
     """Generated tokens per second of decoding the problems in batches of `batch`, compile excluded (every
     batch is padded to one compiled shape): (decoding alone, what SBD changes; with the prompts' prefill,
@@ -121,7 +112,7 @@ def tokens_per_second(model: EvaluatedModel, setting: dict, test: Sequence[Probl
     prompts = [prompt(model.tokenizer, p.question) for p in test]
     rates = []
     for _ in range(repeats):
-        results, timing = decode(model, setting, prompts, max_new_tokens, batch)
+        results, timing = decode(model, settings, prompts, max_new_tokens, batch)
         tokens = sum(len(r.token_ids) for r in results)
         rates.append((tokens / timing.decode_seconds, tokens / timing.seconds))
     return sorted(rates)[len(rates) // 2]
