@@ -138,11 +138,11 @@ def test_the_headline_compares_every_row_with_the_base_models_ntp():
     evaluations = FakeEvaluations()
     adapter = measure(evaluations, "test", 8, adapter=True)
     assert [(r["model"], describe(r), r["block_size"]) for r in adapter] == [
-        ("base", "NTP", 1), ("tuned", "verified SBD", 8), ("tuned", "verified, hybrid drafts", 8),
-        ("base", "verified, lookup drafts", 8), ("tuned", "verified, sbd-tree drafts", 8)]
+        ("base", "NTP", 1), ("tuned", "verified SBD", 8), ("base", "verified, lookup drafts", 8),
+        ("tuned", "verified, hybrid drafts", 8), ("tuned", "verified, sbd-tree drafts", 8)]
     assert evaluations.asked[0] == ("base", "NTP", 1, None, "test")  # the reference, asked first and once
     assert evaluations.asked.count(evaluations.asked[0]) == 1
-    assert [r["drafts"] for r in adapter] == [None, Drafts.SBD, Drafts.HYBRID, Drafts.LOOKUP, Drafts.SBD_TREE]
+    assert [r["drafts"] for r in adapter] == [None, Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID, Drafts.SBD_TREE]
     assert all(r["agreement_with_ntp"] == 1.0 for r in adapter)  # FakeEvaluations: every decoder emits NTP's output
     assert adapter[0]["tokens_per_forward"] == 1.0 and adapter[1]["tokens_per_forward"] == 2.0
     assert adapter[1]["accepted_fraction"] == 2 / 6

@@ -30,11 +30,12 @@ from sbd_jax.evaluation.results import provenance, write_json
 
 def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple[str, Settings]]:
     """(model, setting) in the order measured after the base model's NTP (the reference): SBD's block as a chain,
-    hybrid, the base's lookup, SBD's block as a tree. An adapter's NTP (and so its lookup row) is the base's
-    exactly: lookup drafts depend on the context alone, so on the same outputs they are accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first:
-    the rows are cached one by one, and hybrid is the one to compare with lookup)."""
-    out = [("tuned", verified_setting(block_size)), ("tuned", verified_setting(block_size, Drafts.HYBRID)),
-           ("base", verified_setting(block_size, Drafts.LOOKUP)), ("tuned", verified_setting(block_size, Drafts.SBD_TREE))]
+    the base's lookup (often cached already), hybrid, SBD's block as a tree. An adapter's NTP (and so its lookup
+    row) is the base's exactly: lookup drafts depend on the context alone, so on the same outputs they are
+    accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first: the rows
+    are cached one by one, and hybrid is the one to compare with lookup)."""
+    out = [("tuned", verified_setting(block_size)), ("base", verified_setting(block_size, Drafts.LOOKUP)),
+           ("tuned", verified_setting(block_size, Drafts.HYBRID)), ("tuned", verified_setting(block_size, Drafts.SBD_TREE))]
     if not adapter:
         out += [("tuned", ntp_setting()), ("tuned", verified_setting(block_size, Drafts.LOOKUP))]
     if fallback_blocks:
