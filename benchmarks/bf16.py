@@ -80,9 +80,10 @@ def margins(model, prompts, outputs, positions) -> list[float]:
 
 
 def decode(model, prompts, max_new_tokens, batch, block_size=None) -> list[list[int]]:
-    from benchmarks.verify import NTP, run, verified
+    from benchmarks.verify import run
+    from sbd_jax.decoding.settings import Settings
 
-    setting = NTP if block_size is None else verified(block_size)
+    setting = Settings.ntp() if block_size is None else Settings.verified(block_size)
     return [g.token_ids for g in run(model, prompts, setting, max_new_tokens, batch, longest=0)[0]]
 
 

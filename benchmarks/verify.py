@@ -23,18 +23,11 @@ import sys
 import time
 
 from benchmarks.decode import PROMPTS as SMOLLM2_PROMPTS
-from sbd_jax.decoding.settings import Mode, Settings
+from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.recorded import describe, record
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-NTP = Settings(mode=Mode.NTP)
-
-
-def verified(block_size: int) -> Settings:
-    return Settings(mode=Mode.SBD, block_size=block_size, verify=True)
 
 
 def run(model, prompts, settings: Settings, max_new_tokens, batch, longest, executables=None):
@@ -74,13 +67,13 @@ def arithmetic_part(args) -> dict:
                for name, split in (("valid", valid), ("test", test))}
     longest = max(len(p) for split in prompts.values() for p in split)
     batch = 64  # accuracy runs: batched, the output does not depend on the batch
-    ntp = {name: run(model, p, NTP, STUDY["max_new_tokens"], batch, longest)[0]
+    ntp = {name: run(model, p, Settings.ntp(), STUDY["max_new_tokens"], batch, longest)[0]
            for name, p in prompts.items()}
     rows = []
     for k in args.blocks:
-        row = record(verified(k))
+        row = record(Settings.verified(k))
         for name, p in prompts.items():
-            generations, _ = run(model, p, verified(k), STUDY["max_new_tokens"], batch, longest)
+            generations, _ = run(model, p, Settings.verified(k), STUDY["max_new_tokens"], batch, longest)
             row[name] = summary(generations, ntp[name])
         rows.append(row)
         print(f"verified k={k:>2}: valid {row['valid']['tokens_per_pass']:.2f} tokens/pass "
@@ -89,7 +82,7 @@ def arithmetic_part(args) -> dict:
     speed_prompts = prompts["test"][: args.speed_problems]
     speed = []
     for batch_size in (1, 8):
-        settings = [NTP] + [verified(k) for k in args.blocks]
+        settings = [Settings.ntp()] + [Settings.verified(k) for k in args.blocks]
         for setting in settings:
             run(model, speed_prompts[:batch_size], setting, STUDY["max_new_tokens"], batch_size, longest)  # compile
             runs = []
@@ -129,12 +122,12 @@ def smollm2_part(args) -> dict:
     prompts = [encode_prompt(loaded.tokenizer, p, chat=True) for p in SMOLLM2_PROMPTS]
     longest = max(len(p) for p in prompts)
     began = time.perf_counter()
-    ntp, (_, ntp_seconds) = run(model, prompts, NTP, args.smollm2_new_tokens, 1, longest)
+    ntp, (_, ntp_seconds) = run(model, prompts, Settings.ntp(), args.smollm2_new_tokens, 1, longest)
     ntp_rate = sum(len(g.token_ids) for g in ntp) / ntp_seconds
     rows = []
     for k in args.blocks:
-        generations, (_, seconds) = run(model, prompts, verified(k), args.smollm2_new_tokens, 1, longest)
-        row = {**record(verified(k)), **summary(generations, ntp), "batch": 1,
+        generations, (_, seconds) = run(model, prompts, Settings.verified(k), args.smollm2_new_tokens, 1, longest)
+        row = {**record(Settings.verified(k)), **summary(generations, ntp), "batch": 1,
                "decode_tokens_per_second": sum(len(g.token_ids) for g in generations) / seconds}
         row["decode_vs_ntp"] = row["decode_tokens_per_second"] / ntp_rate
         rows.append(row)

@@ -38,7 +38,7 @@ import argparse
 import os
 import sys
 
-from benchmarks.verify import NTP, run
+from benchmarks.verify import run
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.evaluation.recorded import record
@@ -54,7 +54,7 @@ def pass_kind(drafts: Drafts) -> Drafts:
 
 def setting_at(block_size: int, drafts: Drafts) -> Settings:
     """NTP at block 1, else verified decoding with `drafts`."""
-    return NTP if block_size == 1 else Settings(mode=Mode.SBD, block_size=block_size, verify=True, drafts=drafts)
+    return Settings.ntp() if block_size == 1 else Settings.verified(block_size, drafts)
 
 
 def decode_all(model, prompts, block_size, max_new_tokens, batch, longest, executables, drafts=Drafts.SBD):

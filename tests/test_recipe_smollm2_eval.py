@@ -5,10 +5,9 @@ import pytest
 
 from recipes.smollm2_sbd import eval as recipe_eval
 from recipes.smollm2_sbd.eval import choose_gamma
-from recipes.smollm2_sbd.inputs import sbd_setting
 from recipes.smollm2_sbd.report import markdown
 from sbd_jax.decoding.drafts import Drafts
-from sbd_jax.decoding.settings import Mode
+from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.evaluation.recorded import describe, record
 from sbd_jax.evaluation.scoring import first_difference
 
@@ -25,7 +24,7 @@ def test_first_difference_and_gamma_chosen_on_validation_only():
 
 def test_an_entry_summary_counts_answers_that_loop():
     loop = list(range(16)) * 2  # a 16-token window, twice
-    entry = {"model": "tuned", **record(sbd_setting(4, 0.35)), "split": "test", "n": 4, "seconds": 1.0,
+    entry = {"model": "tuned", **record(Settings.plain_sbd(4, 0.35)), "split": "test", "n": 4, "seconds": 1.0,
              "outputs": [loop, list(range(32)), loop[:31], [7] * 17], "nfe": [8, 8, 8, 8], "drafted": 0, "accepted": 0}
     # [7] * 17 holds the window (7,) * 16 twice (starting at 0 and 1); 31 tokens of the loop do not hold one twice
     assert recipe_eval.summary(entry, None)["repeating"] == 0.5
@@ -99,12 +98,12 @@ def test_cached_entries_are_keyed_by_the_exact_weights(tmp_path):
     import numpy as np
 
     from recipes.smollm2_sbd.eval import Evaluations
-    from recipes.smollm2_sbd.inputs import Prompt, ntp_setting
+    from recipes.smollm2_sbd.inputs import Prompt
 
     def key(params):
         models = {"tuned": SimpleNamespace(params=params)}
         return Evaluations(str(tmp_path / "e.json"), models, {"valid": [Prompt("q")]}, 8, 1).key(
-            "tuned", ntp_setting(), "valid")
+            "tuned", Settings.ntp(), "valid")
 
     weights = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(2, np.float32)}
     assert key(weights) == key({k: v.copy() for k, v in weights.items()})  # the same weights, another copy
@@ -120,16 +119,16 @@ def test_cached_hybrid_entries_are_keyed_by_the_rule_that_chose_their_drafts(tmp
 
     import sbd_jax.decoding.chain_drafts as chain_drafts
     from recipes.smollm2_sbd.eval import Evaluations
-    from recipes.smollm2_sbd.inputs import Prompt, verified_setting
+    from recipes.smollm2_sbd.inputs import Prompt
 
     models = {"tuned": SimpleNamespace(params={"a": np.zeros(2, np.float32)})}
     evaluations = Evaluations(str(tmp_path / "e.json"), models, {"valid": [Prompt("q")]}, 8, 1)
-    hybrid, lookup = evaluations.key("tuned", verified_setting(8, Drafts.HYBRID), "valid"), \
-        evaluations.key("tuned", verified_setting(8, Drafts.LOOKUP), "valid")
+    hybrid, lookup = evaluations.key("tuned", Settings.verified(8, Drafts.HYBRID), "valid"), \
+        evaluations.key("tuned", Settings.verified(8, Drafts.LOOKUP), "valid")
     monkeypatch.setattr(chain_drafts, "HYBRID_RULE", "another rule")
     # greedy outputs alike, forwards not; lookup has no rule to change
-    assert evaluations.key("tuned", verified_setting(8, Drafts.HYBRID), "valid") != hybrid
-    assert evaluations.key("tuned", verified_setting(8, Drafts.LOOKUP), "valid") == lookup
+    assert evaluations.key("tuned", Settings.verified(8, Drafts.HYBRID), "valid") != hybrid
+    assert evaluations.key("tuned", Settings.verified(8, Drafts.LOOKUP), "valid") == lookup
 
 
 def test_the_headline_compares_every_row_with_the_base_models_ntp():

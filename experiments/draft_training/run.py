@@ -31,8 +31,8 @@ import sys
 import time
 from typing import Any
 
-from recipes.smollm2_sbd.inputs import ntp_setting, sbd_setting, verified_setting
 from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.results import commit, write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,7 +112,7 @@ def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> d
     if is_adapter(name):
         ntp = base_ntp["outputs"]  # the base's NTP, exactly (tested), not recomputed
     else:
-        ntp = [r.token_ids for r in decode(model, ntp_setting(), prompts, sizes["max_new"])[0]]
+        ntp = [r.token_ids for r in decode(model, Settings.ntp(), prompts, sizes["max_new"])[0]]
     out: dict[str, Any] = {"step": step}
     for k in (4, 8):
         for drafts in (Drafts.SBD, Drafts.HYBRID):
@@ -120,7 +120,7 @@ def measure(name: str, export: str, step: int, sizes: dict, base_ntp: dict) -> d
     if is_adapter(name):
         out.update(fallback_rows(model, prompts, ntp, sizes))
     out["acceptance_8"] = conditional_acceptance(model.config, model.params, prompts, ntp, 8)
-    plain = decode(model, sbd_setting(4, 0.1), prompts, sizes["max_new"])[0]
+    plain = decode(model, Settings.plain_sbd(4, 0.1), prompts, sizes["max_new"])[0]
     out["plain_sbd_4_agreement"] = sum(r.token_ids == o for r, o in zip(plain, ntp)) / len(ntp)
     out["plain_sbd_4_tokens_per_forward"] = sum(len(r.token_ids) for r in plain) / sum(r.nfe for r in plain)
     out["heldout_ntp_loss"] = (base_ntp["heldout_ntp_loss"] if is_adapter(name) else
@@ -135,7 +135,7 @@ def verified_row(model: Any, prompts: list, ntp: list, sizes: dict, k: int, draf
     from sbd_jax.evaluation.measure import decode
 
     name = f"verified_{drafts.value}_{k}" + (f"_fallback{fallback}" if fallback else "")
-    results = decode(model, verified_setting(k, drafts, fallback), prompts, sizes["max_new"])[0]
+    results = decode(model, Settings.verified(k, drafts, fallback_blocks=fallback), prompts, sizes["max_new"])[0]
     return {name: sum(len(r.token_ids) for r in results) / sum(r.nfe for r in results),
             f"{name}_identical": sum(r.token_ids == o for r, o in zip(results, ntp))}
 
@@ -187,7 +187,7 @@ def base_reference(sizes: dict) -> dict:
     model = EvaluatedModel("base", loaded.config, jax.device_put(loaded.params), loaded.tokenizer)
     questions = [row["prompt"] for _, row in iter_jsonl(os.path.join(DATA, "valid.jsonl"))][: sizes["valid"]]
     prompts = [chat(model.tokenizer, q) for q in questions]
-    results = decode(model, ntp_setting(), prompts, sizes["max_new"])[0]
+    results = decode(model, Settings.ntp(), prompts, sizes["max_new"])[0]
     return {"outputs": [r.token_ids for r in results],
             "heldout_ntp_loss": heldout_ntp_loss(model, heldout_source_files(), sizes["seq_len"],
                                                  max_rows=sizes["loss_rows"])}

@@ -24,7 +24,6 @@ import os
 import platform
 import time
 
-from recipes.smollm2_sbd.inputs import ntp_setting, sbd_setting, verified_setting
 from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.evaluation.recorded import cache_key, describe, record
 from sbd_jax.evaluation.results import write_json
@@ -147,17 +146,17 @@ def evaluate(models: dict, evaluations: Evaluations, sizes: dict) -> list[dict]:
     """NTP on test for every model; stage 2's SBD grid on validation, its γ per block on test, and
     verified SBD (verification decides what is kept: no γ) on the first
     `verify_problems` test problems (all of them in the full run)."""
-    entries = [evaluations.get(models[m], ntp_setting(), "test") for m in ("stage1", "stage2")]
-    entries.append(evaluations.get(models["stage2"], ntp_setting(), "valid"))
+    entries = [evaluations.get(models[m], Settings.ntp(), "test") for m in ("stage1", "stage2")]
+    entries.append(evaluations.get(models["stage2"], Settings.ntp(), "valid"))
     for k in sizes["block_sizes"]:
-        entries += [evaluations.get(models["stage2"], sbd_setting(k, g), "valid") for g in sizes["gammas"]]
+        entries += [evaluations.get(models["stage2"], Settings.plain_sbd(k, g), "valid") for g in sizes["gammas"]]
     for k in sizes["block_sizes"]:
         gamma = choose_gamma(entries, k)
         if gamma is not None:
-            entries.append(evaluations.get(models["stage2"], sbd_setting(k, gamma), "test"))
+            entries.append(evaluations.get(models["stage2"], Settings.plain_sbd(k, gamma), "test"))
     for k in sizes["block_sizes"]:
-        entries.append(evaluations.get(models["stage2"], verified_setting(k), "test", sizes["verify_problems"]))
-    entries.append(evaluations.get(models["base"], ntp_setting(), "test"))  # last: the slowest, no EOS learned
+        entries.append(evaluations.get(models["stage2"], Settings.verified(k), "test", sizes["verify_problems"]))
+    entries.append(evaluations.get(models["base"], Settings.ntp(), "test"))  # last: the slowest, no EOS learned
     return entries
 
 
@@ -169,11 +168,11 @@ def speed(model, entries: list[dict], sizes: dict, test: list) -> list[dict]:
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
-    settings = [ntp_setting()]
+    settings = [Settings.ntp()]
     for k in sizes["block_sizes"]:
         gamma = choose_gamma(entries, k)
-        settings += [sbd_setting(k, gamma)] if gamma is not None else []
-        settings.append(verified_setting(k))
+        settings += [Settings.plain_sbd(k, gamma)] if gamma is not None else []
+        settings.append(Settings.verified(k))
     problems, context = test[: sizes["speed_problems"]], 64  # a prompt and the first answer tokens
     out = []
     for batch in (1, 8):

@@ -36,9 +36,6 @@ from recipes.smollm2_sbd.inputs import (
     humaneval_prompts,
     load,
     models_and_prompts,
-    ntp_setting,
-    sbd_setting,
-    verified_setting,
 )
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Mode, Settings
@@ -139,7 +136,7 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
     `after_grid(results so far)` runs once γ is chosen, before the plain SBD rows (the longest part);
     `progress(results so far)` is called after every row and grid entry (a long run reports as it goes).
     """
-    ntp = ntp_setting()
+    ntp = Settings.ntp()
     results: dict = {"complete": False, "rows": [], "validation": [], "chosen_gamma": {}}
 
     def add_row(model: str, setting: Settings, chosen: bool = False) -> None:
@@ -163,16 +160,16 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
     for model in ("base", "tuned"):
         add_row(model, ntp)
     for k in block_sizes:
-        add_row("tuned", verified_setting(k))
+        add_row("tuned", Settings.verified(k))
     for k in block_sizes:
-        add_row("base", verified_setting(k, Drafts.LOOKUP))
-        add_row("tuned", verified_setting(k, Drafts.LOOKUP))
-        add_row("tuned", verified_setting(k, Drafts.HYBRID))
+        add_row("base", Settings.verified(k, Drafts.LOOKUP))
+        add_row("tuned", Settings.verified(k, Drafts.LOOKUP))
+        add_row("tuned", Settings.verified(k, Drafts.HYBRID))
     valid_ntp = evaluations.get("tuned", ntp, "valid")
     results["validation_ntp"] = summary(valid_ntp, None)
     for k in block_sizes:
         for g in validation_gammas:
-            results["validation"].append(summary(evaluations.get("tuned", sbd_setting(k, g), "valid"), valid_ntp))
+            results["validation"].append(summary(evaluations.get("tuned", Settings.plain_sbd(k, g), "valid"), valid_ntp))
             if progress:
                 progress(results)
     chosen = results["chosen_gamma"] = {k: choose_gamma(results["validation"], k) for k in block_sizes}
@@ -180,7 +177,7 @@ def evaluate(evaluations: Evaluations, problems: list[dict], block_sizes: Sequen
         after_grid(results)
     for k in block_sizes:
         for g in sorted({*PAPER_GAMMAS, *([chosen[k]] if chosen[k] is not None else [])}):
-            add_row("tuned", sbd_setting(k, g), chosen=g == chosen[k])
+            add_row("tuned", Settings.plain_sbd(k, g), chosen=g == chosen[k])
     return results
 
 
@@ -195,10 +192,10 @@ def trend(base: str, milestones: dict, data: str, cache: str, sizes: dict, dtype
         name = f"step{step}"
         evaluations = Evaluations(cache, {name: load(name, path, True, dtype, base=base)}, {"valid": valid},
                                   sizes["max_new"], sizes["eval_batch"])
-        ntp = evaluations.get(name, ntp_setting(), "valid")
+        ntp = evaluations.get(name, Settings.ntp(), "valid")
         out.append({"steps": int(step), "ntp": summary(ntp, None),
-                    "verified": summary(evaluations.get(name, verified_setting(k), "valid"), ntp),
-                    "sbd": summary(evaluations.get(name, sbd_setting(k, 0.35), "valid"), ntp)})
+                    "verified": summary(evaluations.get(name, Settings.verified(k), "valid"), ntp),
+                    "sbd": summary(evaluations.get(name, Settings.plain_sbd(k, 0.35), "valid"), ntp)})
     return out
 
 
@@ -218,11 +215,11 @@ def speed(model: Any, chosen: dict, prompts: list[Prompt], max_new_tokens: int) 
     from sbd_jax.roofline import lookup, slowdown
 
     h100, shape = lookup("h100-bf16", "smollm2-135m")
-    settings: list[tuple[Settings, dict]] = [(ntp_setting(), {})]
+    settings: list[tuple[Settings, dict]] = [(Settings.ntp(), {})]
     for k, gamma in chosen.items():
-        settings.append((sbd_setting(k, PAPER_GAMMAS[0] if gamma is None else gamma),
+        settings.append((Settings.plain_sbd(k, PAPER_GAMMAS[0] if gamma is None else gamma),
                          {"chosen_on_validation": gamma is not None}))
-        settings += [(verified_setting(k, drafts), {}) for drafts in (Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID)]
+        settings += [(Settings.verified(k, drafts), {}) for drafts in (Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID)]
     context = 256  # a chat prompt and the first part of its answer
     out = []
     for batch, n in ((1, 4), (8, 16)):

@@ -21,7 +21,7 @@ import sys
 from typing import Callable, Sequence
 
 from recipes.smollm2_sbd.eval import Evaluations, summary
-from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts, ntp_setting, verified_setting
+from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.recorded import describe
@@ -34,13 +34,13 @@ def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple
     row) is the base's exactly: lookup drafts depend on the context alone, so on the same outputs they are
     accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first: the rows
     are cached one by one, and hybrid is the one to compare with lookup)."""
-    out = [("tuned", verified_setting(block_size)), ("base", verified_setting(block_size, Drafts.LOOKUP)),
-           ("tuned", verified_setting(block_size, Drafts.HYBRID)), ("tuned", verified_setting(block_size, Drafts.SBD_TREE))]
+    out = [("tuned", Settings.verified(block_size)), ("base", Settings.verified(block_size, Drafts.LOOKUP)),
+           ("tuned", Settings.verified(block_size, Drafts.HYBRID)), ("tuned", Settings.verified(block_size, Drafts.SBD_TREE))]
     if not adapter:
-        out += [("tuned", ntp_setting()), ("tuned", verified_setting(block_size, Drafts.LOOKUP))]
+        out += [("tuned", Settings.ntp()), ("tuned", Settings.verified(block_size, Drafts.LOOKUP))]
     if fallback_blocks:
-        out += [("tuned", verified_setting(block_size, Drafts.HYBRID, fallback_blocks)),
-                ("tuned", verified_setting(block_size, Drafts.SBD, fallback_blocks))]
+        out += [("tuned", Settings.verified(block_size, Drafts.HYBRID, fallback_blocks=fallback_blocks)),
+                ("tuned", Settings.verified(block_size, Drafts.SBD, fallback_blocks=fallback_blocks))]
     return out
 
 
@@ -48,7 +48,7 @@ def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool
             progress: Callable[[list[dict]], None] | None = None, fallback_blocks: int = 0) -> list[dict]:
     """`rows`, each decoded (or read from the cache) and summarised against the base model's NTP outputs;
     `progress(rows so far)` after each."""
-    base_ntp = evaluations.get("base", ntp_setting(), split)
+    base_ntp = evaluations.get("base", Settings.ntp(), split)
     table = [summary(base_ntp, base_ntp)]
     for model, setting in rows(block_size, adapter, fallback_blocks):
         table.append(summary(evaluations.get(model, setting, split), base_ntp))

@@ -1,5 +1,5 @@
 """What every evaluation of the recipe (`eval.py`, `headline.py`, `plain.py`) decodes: the models, the prompts
-and the decoding settings of its rows (`sbd_jax.decoding.settings.Settings`, recorded in result files by
+and the decoding settings of its rows (`sbd_jax.decoding.settings.Settings`: `Settings.ntp`, `.plain_sbd`, `.verified`; recorded in result files by
 `sbd_jax.evaluation.recorded`)."""
 
 from __future__ import annotations
@@ -8,27 +8,11 @@ import argparse
 import os
 from typing import Any, NamedTuple, Sequence
 
-from sbd_jax.decoding.drafts import Drafts
-from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.model.config import RUN_DTYPES, backend_dtype
 
 
 class Prompt(NamedTuple):
     question: str  # the shape experiments.small_scale.evaluate's helpers read
-
-
-def ntp_setting() -> Settings:
-    return Settings(mode=Mode.NTP)
-
-
-def sbd_setting(block_size: int, gamma: float) -> Settings:
-    """Plain SBD (Entropy-Bounded) at entropy budget `gamma`."""
-    return Settings(mode=Mode.SBD, block_size=block_size, gamma=gamma)
-
-
-def verified_setting(block_size: int, drafts: Drafts = Drafts.SBD, fallback_blocks: int = 0) -> Settings:
-    """Verified decoding with `drafts` (SBD's block needs the fine-tune's mask token; lookup needs no fine-tune)."""
-    return Settings(mode=Mode.SBD, block_size=block_size, verify=True, drafts=drafts, fallback_blocks=fallback_blocks)
 
 
 def chat(tokenizer: Any, question: str) -> list[int]:

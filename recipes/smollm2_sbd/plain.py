@@ -22,7 +22,8 @@ import sys
 from typing import Callable, Sequence
 
 from recipes.smollm2_sbd.eval import AGREEMENT_FLOOR, VALIDATION_GAMMAS, Evaluations, choose_gamma, plain_rows, summary
-from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts, ntp_setting, sbd_setting
+from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts
+from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.results import provenance, write_json
 
 
@@ -48,8 +49,8 @@ def measure(evaluations: Evaluations, block_size: int, gammas: Sequence[float], 
     results: dict = {"reference": f"{reference} NTP", "valid": [], "test": []}
 
     def add(split: str, gamma: float) -> None:
-        ntp = evaluations.get(reference, ntp_setting(), split)
-        results[split].append(summary(evaluations.get("tuned", sbd_setting(block_size, gamma), split), ntp))
+        ntp = evaluations.get(reference, Settings.ntp(), split)
+        results[split].append(summary(evaluations.get("tuned", Settings.plain_sbd(block_size, gamma), split), ntp))
         if progress:
             progress(results)
 

@@ -93,6 +93,22 @@ class Settings:
         if self.gamma is not None:
             check_gamma(self.gamma)
 
+    @classmethod
+    def ntp(cls, **options: Any) -> "Settings":
+        """NTP: one token a forward (`options`: the other fields, e.g. max_new_tokens, temperature)."""
+        return cls(mode=Mode.NTP, **options)
+
+    @classmethod
+    def plain_sbd(cls, block_size: int, gamma: float | None = None, **options: Any) -> "Settings":
+        """SBD's Entropy-Bounded sampler in blocks of `block_size` at entropy budget `gamma` (None: the default)."""
+        return cls(mode=Mode.SBD, block_size=block_size, gamma=gamma, **options)
+
+    @classmethod
+    def verified(cls, block_size: int, drafts: Drafts = Drafts.SBD, **options: Any) -> "Settings":
+        """Verified decoding, exactly NTP's output, with `drafts` checked `block_size - 1` deep (SBD's block needs
+        the fine-tune's mask token; lookup and the context and successor trees need no fine-tune)."""
+        return cls(mode=Mode.SBD, block_size=block_size, verify=True, drafts=drafts, **options)
+
     @property
     def entropy_budget(self) -> float:
         """γ as the decoder receives it (plain SBD's default when unset; the other decoders ignore it)."""
