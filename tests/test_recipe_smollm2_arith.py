@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-from sbd_jax.evaluation.recorded import describe
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode
+from sbd_jax.evaluation.recorded import describe, has
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,9 +44,9 @@ def test_smoke_run_trains_both_stages_evaluates_every_setting_and_resumes(tmp_pa
                 ("stage2", "NTP", "valid", 1), ("stage2", "verified SBD", "test", 4), ("stage2", "NTP", "speed", 1),
                 ("stage2", "verified SBD", "speed", 4)]:
         assert key in keys, key
-    assert len([e for e in entries if describe(e) == "SBD" and e["split"] == "valid"]) == 2  # block 4 x 2 γ
+    assert len([e for e in entries if has(e, mode=Mode.SBD, verify=False) and e["split"] == "valid"]) == 2  # block 4 x 2 γ
     ntp = next(e for e in entries if (e["model"], describe(e), e["split"]) == ("stage2", "NTP", "test"))
-    verified = next(e for e in entries if describe(e) == "verified SBD" and e["split"] == "test")
+    verified = next(e for e in entries if has(e, verify=True, drafts=Drafts.SBD) and e["split"] == "test")
     assert verified["n"] == 4 and verified["correct"] == ntp["correct"][:4]  # lossless, even untrained
     assert [r["step"] for r in results["loss_curves"]["stage2"]] == [1, 2, 3]
     assert all(r["matp_loss"] > 0 for r in results["loss_curves"]["stage2"])

@@ -6,11 +6,27 @@ import pytest
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.decoding.token_choice import Proxy
-from sbd_jax.evaluation.recorded import FIELDS, cache_key, describe, key_of, record
+from sbd_jax.evaluation.recorded import FIELDS, cache_key, describe, has, key_of, record
 
 NTP = Settings()
 PLAIN = Settings(mode=Mode.SBD, block_size=4, gamma=0.35)
 VERIFIED = Settings(mode=Mode.SBD, block_size=4, verify=True)
+
+
+def test_the_named_constructors_build_the_settings_they_name():
+    assert Settings.ntp() == NTP
+    assert Settings.plain_sbd(4, 0.35) == PLAIN
+    assert Settings.verified(4) == VERIFIED
+    assert Settings.verified(8, Drafts.HYBRID, fallback_blocks=3) == Settings(
+        mode=Mode.SBD, block_size=8, verify=True, drafts=Drafts.HYBRID, fallback_blocks=3)
+
+
+def test_rows_are_selected_by_their_fields():
+    rows = [record(s) for s in (NTP, PLAIN, VERIFIED, Settings.verified(4, Drafts.LOOKUP))]
+    assert [has(r, verify=True, drafts=Drafts.SBD) for r in rows] == [False, False, True, False]
+    assert [has(r, mode=Mode.SBD, verify=False) for r in rows] == [False, True, False, False]
+    with pytest.raises(ValueError, match="not a recorded field: split"):
+        has(rows[0], split="test")
 
 
 def test_a_row_holds_only_what_its_decoder_uses():

@@ -6,7 +6,10 @@ import os
 import sys
 from typing import Any
 
-from sbd_jax.evaluation.recorded import describe
+from sbd_jax.decoding.drafts import Drafts
+from sbd_jax.decoding.settings import Mode
+from sbd_jax.decoding.token_choice import Proxy
+from sbd_jax.evaluation.recorded import describe, has
 from sbd_jax.evaluation.results import render_from_json
 
 
@@ -169,8 +172,10 @@ def plot(results: dict, path: str) -> None:
     left.plot(steps, [t["sbd"]["tokens_per_forward"] for t in results["trend"]], "s-", label=f"SBD block {k}, γ 0.35")
     left.set(xlabel="fine-tuning steps", ylabel="tokens per forward (validation)", title="Trend with training")
     left.legend()
-    for label, marker in (("NTP", "o"), ("SBD", "s"), ("verified SBD", "^")):
-        rows = [r for r in results["evaluation"]["rows"] if describe(r) == label]
+    kinds = (("NTP", "o", dict(mode=Mode.NTP)), ("SBD", "s", dict(mode=Mode.SBD, verify=False, proxy=Proxy.ENTROPY)),
+             ("verified SBD", "^", dict(verify=True, drafts=Drafts.SBD, fallback_blocks=0)))
+    for label, marker, fields in kinds:
+        rows = [r for r in results["evaluation"]["rows"] if has(r, **fields)]
         right.scatter([r["humaneval"]["tokens_per_forward"] for r in rows], [r["humaneval"]["passed"] for r in rows],
                       marker=marker, label=label)
     right.set(xlabel="tokens per forward (HumanEval)", ylabel="HumanEval problems passed", title="HumanEval")

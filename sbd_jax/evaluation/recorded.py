@@ -47,6 +47,15 @@ def key_of(row: dict[str, Any]) -> str:
     return ",".join(f"{name}={getattr(row[name], 'value', row[name])}" for name in names)
 
 
+def has(row: dict[str, Any], **fields: Any) -> bool:
+    """Whether the recorded setting `row` has these field values (`has(row, verify=True, drafts=Drafts.SBD)`):
+    rows are selected by their fields, never by `describe`'s wording."""
+    unknown = set(fields) - set(FIELDS) - set(OPTIONAL)
+    if unknown:
+        raise ValueError(f"not a recorded field: {', '.join(sorted(unknown))} (fields: {', '.join(FIELDS + OPTIONAL)})")
+    return all(row.get(name) == value for name, value in fields.items())
+
+
 def describe(row: dict[str, Any]) -> str:
     """A recorded setting in words, for tables: "NTP", "SBD" (", left_to_right order" for another proxy than
     entropy), "verified SBD", "verified, lookup drafts", ..., with ", N fallback blocks" where it has them (γ and
