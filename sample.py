@@ -67,8 +67,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "prompt + output: any model, no fine-tune) or hybrid (per row, whichever has had more drafts kept). "
                    "A tree a pass (--draft-nodes candidates, block size - 1 deep): context-tree (every "
                    "recent earlier match), successors (the model's own top-k next tokens, kept from every pass), "
-                   "tree (both) or sbd-tree (the masked block's likeliest tokens at each position; needs an SBD "
-                   "fine-tune)")
+                   "tree (both), sbd-tree (the masked block's likeliest tokens at each position; needs an SBD "
+                   "fine-tune) or tree-sbd (tree's and sbd-tree's nodes as one tree; needs an SBD fine-tune)")
     p.add_argument("--draft-nodes", type=draft_nodes_arg, default=DEFAULT_DRAFT_NODES, metavar="N|auto",
                    help="tree drafts: candidate tokens checked a pass besides the exact one (wider passes cost more "
                    "on a CPU, about the same on a GPU at small batch: benchmarks/tree_decode.py measures both). "
@@ -79,7 +79,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs more than a 1-token "
                    "one (benchmarks/results/lookup_decode_speed_run4_cpu.json); 1 (most tokens per forward) on GPUs")
     p.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
-                   help="sbd / hybrid / sbd-tree drafts: N more masked blocks in each pass, one after each of the first N places "
+                   help="sbd / hybrid / sbd-tree / tree-sbd drafts: N more masked blocks in each pass, one after each of the first N places "
                    "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "
                    "the pass grows to (2 + N) k tokens (nearly free on a GPU, about proportional on a CPU)")
     p.add_argument("--adapter", default=None,

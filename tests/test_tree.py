@@ -186,10 +186,11 @@ def test_the_greedy_check_rejects_an_inexact_tree_verifier(broken):
 
 
 @pytest.mark.parametrize("name,temperature,top_p", [slow_case("successors", 1.0, 1.0), ("mixed", 0.7, 0.9),
-                                                    slow_case("sbd-tree", 1.0, 1.0)])
+                                                    slow_case("sbd-tree", 1.0, 1.0), slow_case("tree-sbd", 0.7, 0.9)])
 def test_tree_sampling_draws_from_ntp_distribution(name, temperature, top_p):
     source = {"successors": Successors(depth=2, beam=3), "mixed": Mixed((ContextTrie(depth=2), Successors(depth=2))),
-              "sbd-tree": SBDBlock(3, fallback_blocks=1, top_k=2)}
+              "sbd-tree": SBDBlock(3, fallback_blocks=1, top_k=2),
+              "tree-sbd": Mixed((ContextTrie(depth=2), Successors(depth=2, beam=3), SBDBlock(3, 1, top_k=2)))}
     decoder = VerifiedSBDDecoder(sampling.CFG, max_new_tokens=sampling.NEW, temperature=temperature, top_p=top_p,
                                   drafts=source[name], draft_nodes=4)
     counts, results = sampling.sampled_joint(decoder, seed=5)
@@ -243,18 +244,30 @@ def test_sbd_block_tree_is_ntp_and_keeps_more_than_the_chain_on_the_trained_mode
     expected = generate(NTPDecoder(cfg, max_new_tokens=40, eos_ids=cfg.eos_token_ids), weights, prompts)[0]
     chain = generate(VerifiedSBDDecoder(cfg, drafts="sbd", **common), weights, prompts)[0]
     tree = generate(VerifiedSBDDecoder(cfg, drafts="sbd-tree", draft_nodes=16, **common), weights, prompts)[0]
+    mixed = generate(VerifiedSBDDecoder(cfg, drafts="tree-sbd", draft_nodes=16, **common), weights, prompts)[0]
     assert [g.token_ids for g in tree] == [g.token_ids for g in chain] == [g.token_ids for g in expected]
+    assert [g.token_ids for g in mixed] == [g.token_ids for g in expected]
     assert sum(g.accepted for g in tree) > 0.5 * sum(len(g.token_ids) for g in tree)
     assert sum(g.nfe for g in tree) <= sum(g.nfe for g in chain)
 
 
-def test_sbd_tree_blocks_go_after_the_most_likely_path_and_along_it():
-    from sbd_jax.decoding.chain_drafts import BlockDrafts, SBDBlock
+def test_blocks_go_after_the_highest_scored_path_and_along_it():
+    from sbd_jax.decoding.chain_drafts import BlockDrafts
 
     source = SBDBlock(4, fallback_blocks=2, top_k=2)  # depth 3, 3 blocks
-    # per depth, the top two tokens: 5 then 4; 6 then 2; 1 then 3
-    state = BlockDrafts(tokens=jnp.asarray([[[5, 4], [6, 2], [1, 3]]]), chances=jnp.ones((1, 3, 2)),
+    state = BlockDrafts(tokens=jnp.zeros((1, 3, 2), jnp.int32), chances=jnp.ones((1, 3, 2)),
                         holds=jnp.asarray([True]), dists=jnp.zeros((1, 3, 0)))
-    t = trees.build_tree(candidates([[4], [5], [5, 2], [5, 6], [4, 6]], [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
-    # pass order: root, 4, 5, 2 (under 5), 6 (under 5), 6 (under 4): the most likely path 5, 6 ends at pass index 4
-    assert np.asarray(source.anchors(t, state))[0].tolist() == [4, 0, 2]
+    t = trees.build_tree(candidates([[4], [5], [5, 2], [5, 6], [5, 6, 1]], [0.7, 0.8, 0.3, 0.6, 0.5]), 5)
+    # pass order: root, 5, 4, 6 (under 5), 1 (under 6), 2 (under 5): the likeliest path 5, 6, 1 ends at pass index 4
+    assert np.asarray(source.anchors(t, state))[0].tolist() == [4, 0, 1]
+    # a node of any source counts: here another source's 4 outranks 5 and the path is 4 alone
+    t = trees.build_tree(candidates([[4], [5], [5, 6]], [0.9, 0.8, 0.6]), 3)
+    assert np.asarray(Mixed((ContextTrie(depth=3), source)).anchors(t, ((), state)))[0].tolist() == [1, 0, 1]
+
+
+def test_a_mixed_tree_runs_the_blocks_of_one_source_at_most():
+    from sbd_jax.errors import UserError
+
+    assert Mixed((ContextTrie(depth=3), SBDBlock(4, top_k=2))).blocks == 1
+    with pytest.raises(UserError, match="at most one"):
+        Mixed((SBDBlock(4, top_k=2), SBDBlock(4, top_k=3)))

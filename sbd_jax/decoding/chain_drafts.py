@@ -38,7 +38,7 @@ from flax import struct
 from sbd_jax.decoding.context_drafts import CONTEXT_KEEP
 from sbd_jax.decoding.lookup import lookup_drafts
 from sbd_jax.decoding.token_choice import draw, point_mass
-from sbd_jax.decoding.tree import Candidates, PassResult, Tree, best_first, pass_depths, walk
+from sbd_jax.decoding.tree import Candidates, PassResult, Tree, best_first, likeliest
 
 CHAIN_KEEP = 0.5  # an SBD chain draft's chance to be kept per token (the order of a chain's nodes only)
 # Names `sbd_preferred`'s rule; change it with the rule: cached hybrid results are keyed by it (greedy outputs
@@ -138,17 +138,12 @@ class SBDBlock:
                                 from_context=False, dists=state.dists if state.dists.shape[-1] else None)
 
     def anchors(self, tree: Tree, state: BlockDrafts) -> jax.Array:
-        """`[B, blocks]`: the first block after a chain's last node (whatever proposed it: hybrid's may be lookup's)
-        or a tree's most likely path's, fallback block a after that path's node a - 1."""
-        if self.chain:
-            path, end = jnp.broadcast_to(jnp.arange(tree.tokens.shape[1] + 1), tree.tokens.shape[:1] + (
-                tree.tokens.shape[1] + 1,)), tree.present.sum(axis=1)
-        else:
-            top = jnp.pad(state.tokens[..., 0], ((0, 0), (0, 1)))  # the most likely token at each depth
-            likeliest = walk(tree, jnp.take_along_axis(top, pass_depths(tree), axis=1), self.depth)
-            path, end = likeliest.path, likeliest.accepted
-        along = jnp.minimum(jnp.arange(self.blocks) - 1, end[:, None]).at[:, 0].set(end)
-        return jnp.take_along_axis(path, along, axis=1).astype(jnp.int32)
+        """`[B, blocks]`: the first block after the pass's likeliest path (`tree.likeliest`: a chain's last node,
+        whatever proposed it (hybrid's may be lookup's); a tree's highest-scored child at each node, whichever
+        source proposed it), fallback block a after that path's node a - 1."""
+        path = likeliest(tree, self.depth)
+        along = jnp.minimum(jnp.arange(self.blocks) - 1, path.accepted[:, None]).at[:, 0].set(path.accepted)
+        return jnp.take_along_axis(path.path, along, axis=1).astype(jnp.int32)
 
     def observe(self, state: BlockDrafts, result: PassResult) -> BlockDrafts:
         """The block placed after the walk's last kept node holds; its guesses after the pass's own token are

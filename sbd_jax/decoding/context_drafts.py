@@ -7,7 +7,8 @@
   logits (accepted nodes or not) and kept per token id, shared by the batch (Token Recycling, arXiv
   2408.08696); expanded from the root best-first, a node scored by the product of the kept probabilities.
   Drafts exist where the context holds no match.
-- `Mixed`: the union of sources (a node proposed twice counts once, with its best score).
+- `Mixed`: the union of sources (a node proposed twice counts once, with its best score), SBD's block as
+  a tree among them where the model has a mask token.
 
 Every source follows the protocol `sbd_jax.decoding.drafts` states.
 """
@@ -21,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from sbd_jax.decoding.lookup import continuation, match_ends
-from sbd_jax.decoding.tree import Candidates, PassResult, best_first
+from sbd_jax.decoding.tree import Candidates, PassResult, Tree, best_first
+from sbd_jax.errors import UserError
 
 SUCCESSORS_KEPT = 8  # successors harvested per pass token (Token Recycling keeps 8)
 # A context match's chance to be kept per token, before the share of matches that agree (one constant for
@@ -104,15 +106,35 @@ class Successors:
 
 @dataclasses.dataclass(frozen=True)
 class Mixed:
-    """Several sources' candidates, one tree (`sbd_jax.decoding.tree.build_tree` merges the duplicates)."""
+    """Several sources' candidates, one tree (`sbd_jax.decoding.tree.build_tree` merges the duplicates). At most
+    one of them runs masked blocks (SBD's block as a tree): its blocks go after the whole tree's likeliest path,
+    and where the walk keeps another path its guesses are not the next pass's candidates (the block was guessed
+    after other tokens), the other sources' are."""
 
     sources: tuple[Any, ...]
     chain = False
-    blocks = 0
+
+    def __post_init__(self) -> None:
+        if sum(1 for source in self.sources if source.blocks) > 1:
+            raise UserError("a Mixed tree runs the masked blocks of at most one of its sources: give it one SBDBlock")
 
     @property
     def depth(self) -> int:
         return max(source.depth for source in self.sources)
+
+    @property
+    def _with_blocks(self) -> int | None:
+        """The index of the source that runs masked blocks (None: none does)."""
+        return next((i for i, source in enumerate(self.sources) if source.blocks), None)
+
+    @property
+    def blocks(self) -> int:
+        return 0 if self._with_blocks is None else self.sources[self._with_blocks].blocks
+
+    @property
+    def block_size(self) -> int:
+        assert self._with_blocks is not None, "a Mixed tree without masked blocks has no block size"
+        return self.sources[self._with_blocks].block_size
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return tuple(source.init(batch, vocab, sampling) for source in self.sources)
@@ -123,6 +145,11 @@ class Mixed:
         return Candidates.concatenate([
             part.replace(paths=jnp.pad(part.paths, ((0, 0), (0, 0), (0, depth - part.paths.shape[-1]))))
             for part in parts])
+
+    def anchors(self, tree: Tree, state: Any) -> jax.Array:
+        i = self._with_blocks
+        assert i is not None, "a Mixed tree without masked blocks places none"
+        return self.sources[i].anchors(tree, state[i])
 
     def observe(self, state: Any, result: PassResult) -> Any:
         return tuple(source.observe(s, result) for source, s in zip(self.sources, state))

@@ -40,28 +40,29 @@ class Drafts(Choice):
     SUCCESSORS = "successors"  # the model's own top-k successors of each token (`Successors`)
     TREE = "tree"  # both, best first (`Mixed`)
     SBD_TREE = "sbd-tree"  # SBD's masked block as a tree of each position's top tokens (`SBDBlock`, top_k > 1)
+    TREE_SBD = "tree-sbd"  # tree's and sbd-tree's nodes, best first, as one tree (`Mixed`; needs a mask token)
 
     @property
     def is_tree(self) -> bool:
-        return self in (Drafts.CONTEXT_TREE, Drafts.SUCCESSORS, Drafts.TREE, Drafts.SBD_TREE)
+        return self in (Drafts.CONTEXT_TREE, Drafts.SUCCESSORS, Drafts.TREE, Drafts.SBD_TREE, Drafts.TREE_SBD)
 
     @property
     def reads_masked_block(self) -> bool:
-        return self in (Drafts.SBD, Drafts.HYBRID, Drafts.SBD_TREE)
+        return self in (Drafts.SBD, Drafts.HYBRID, Drafts.SBD_TREE, Drafts.TREE_SBD)
 
     @property
     def reads_context(self) -> bool:
-        return self in (Drafts.LOOKUP, Drafts.HYBRID, Drafts.CONTEXT_TREE, Drafts.TREE)
+        return self in (Drafts.LOOKUP, Drafts.HYBRID, Drafts.CONTEXT_TREE, Drafts.TREE, Drafts.TREE_SBD)
 
     def source(self, block_size: int, min_match: int = 1, fallback_blocks: int = 0) -> Any:
         """The draft source of this name for blocks of `block_size` (nodes at most `block_size - 1` deep)."""
         depth = block_size - 1
         lookup, block = Lookup(depth, min_match), SBDBlock(block_size, fallback_blocks)
-        context = ContextTrie(depth=depth, min_match=min_match)
+        context, successors = ContextTrie(depth=depth, min_match=min_match), Successors(depth=depth)
+        block_tree = SBDBlock(block_size, fallback_blocks, top_k=SBD_TREE_TOP_K)
         return {Drafts.SBD: block, Drafts.LOOKUP: lookup, Drafts.HYBRID: Hybrid(lookup, block),
-                Drafts.CONTEXT_TREE: context, Drafts.SUCCESSORS: Successors(depth=depth),
-                Drafts.TREE: Mixed((context, Successors(depth=depth))),
-                Drafts.SBD_TREE: SBDBlock(block_size, fallback_blocks, top_k=SBD_TREE_TOP_K)}[self]
+                Drafts.CONTEXT_TREE: context, Drafts.SUCCESSORS: successors, Drafts.TREE: Mixed((context, successors)),
+                Drafts.SBD_TREE: block_tree, Drafts.TREE_SBD: Mixed((context, successors, block_tree))}[self]
 
 
 def draft_source(drafts: str) -> Drafts:

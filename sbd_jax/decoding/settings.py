@@ -45,7 +45,7 @@ class Settings:
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
     drafts: Drafts = Drafts.SBD  # verify: what proposes the drafts (a chain or a tree a pass: `Drafts`)
     lookup_min_match: int = 1  # lookup / hybrid: the shortest n-gram match that proposes drafts (1-4)
-    fallback_blocks: int = 0  # sbd / hybrid / sbd-tree drafts: masked blocks after the first N places a draft can be
+    fallback_blocks: int = 0  # drafts from the masked block: masked blocks after the first N places a draft can be
     # rejected, so a rejection still leaves drafts (pass (2 + N) k tokens; at most k - 1 used)
     draft_nodes: int = DEFAULT_DRAFT_NODES  # tree drafts: candidate nodes a pass (at most block_size - 1 deep)
     # tree drafts: (pass width, seconds) measured here (`tree_width.measure_pass_costs`); each pass then runs the

@@ -227,6 +227,15 @@ def walk(tree: Tree, chosen_BT: jax.Array, max_depth: int) -> Walk:
     return Walk(path=path, accepted=accepted, emitted=emitted, corrected=had_children)
 
 
+def likeliest(tree: Tree, max_depth: int) -> Walk:
+    """The walk that descends from the root to each node's highest-scored child: the path a pass is most
+    likely to keep, after which (and along which) a source places its masked blocks. A chain's is all of it."""
+    n = tree.tokens.shape[1]
+    child = tree.present[:, None, :] & (tree.parents[:, None, :] == jnp.arange(n + 1)[None, :, None])  # [B, 1+N, N]
+    best = jnp.argmax(jnp.where(child, tree.scores[:, None, :], -1.0), axis=-1)
+    return walk(tree, jnp.where(child.any(axis=-1), jnp.take_along_axis(tree.tokens, best, axis=1), -1), max_depth)
+
+
 def chain_walk(tree: Tree, accepted_B: jax.Array, next_token_B: jax.Array) -> Walk:
     """The walk of a chain (node i at depth i + 1) whose first `accepted` nodes were kept, then `next_token`."""
     depth = tree.tokens.shape[1]
