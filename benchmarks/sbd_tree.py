@@ -8,8 +8,10 @@ size: tokens per forward, every output checked against NTP's.
   `--arith-problems` validation problems, 72 new tokens, batch 64.
 - `--adapter DIR`: the base SmolLM2 with that adapter on the recipe's first `--valid` validation prompts (never the
   test prompts), 128 new tokens, batch 16.
-Rows: the chain (`--drafts sbd`) and the tree (`--drafts sbd-tree`) at each `--nodes`, each without and with
-`--fallback` fallback blocks.
+Rows: the chain (`--drafts sbd`) and each of `--sources` at each `--nodes`, each without and with `--fallback`
+fallback blocks: `sbd-tree` (the block as a tree), `tree-sbd` (the block's tree with the context's matches and the
+model's successors in one tree) and `tree` (those two without the block: what no fine-tune gives; its rows do not
+change with the fallback blocks, so they run once per block size).
 """
 
 from __future__ import annotations
@@ -32,8 +34,11 @@ def rows(model, prompts, reference, args, max_new_tokens: int, batch: int, progr
     for k in args.block_sizes:
         for fallback in sorted({0, min(args.fallback, k - 1)}):
             chain = verified(Drafts.SBD, k, max_new_tokens, fallback_blocks=fallback)
-            settings = [("sbd chain", chain)] + [(f"sbd-tree n={n}", dataclasses.replace(
-                chain, drafts=Drafts.SBD_TREE, draft_nodes=n)) for n in args.nodes]
+            sources = [d for d in map(Drafts, args.sources) if d.reads_masked_block or not fallback]
+            settings = [("sbd chain", chain)] + [
+                (f"{d.value} n={n}", dataclasses.replace(chain, drafts=d, draft_nodes=n,
+                                                         fallback_blocks=fallback if d.reads_masked_block else 0))
+                for d in sources for n in args.nodes]
             for name, s in settings:
                 results, _ = decode_rows(model, s, prompts, batch)
                 out.append({"decoder": name, "block_size": k, "fallback_blocks": fallback, "prompts": len(prompts),
@@ -53,6 +58,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 32])
     parser.add_argument("--fallback", type=int, default=3, help="fallback blocks of the second row set")
+    trees = [d.value for d in (Drafts.SBD_TREE, Drafts.TREE_SBD, Drafts.TREE)]
+    parser.add_argument("--sources", nargs="+", choices=trees, default=trees[:1], help="the trees measured")
     parser.add_argument("--arith-problems", type=int, default=256)
     parser.add_argument("--valid", type=int, default=48)
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "sbd_tree_arith_cpu.json"))

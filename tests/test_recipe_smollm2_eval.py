@@ -138,17 +138,19 @@ def test_the_headline_compares_every_row_with_the_base_models_ntp():
     adapter = measure(evaluations, "test", 8, adapter=True)
     assert [(r["model"], describe(r), r["block_size"]) for r in adapter] == [
         ("base", "NTP", 1), ("tuned", "verified SBD", 8), ("base", "verified, lookup drafts", 8),
-        ("tuned", "verified, hybrid drafts", 8), ("tuned", "verified, sbd-tree drafts", 8)]
+        ("tuned", "verified, tree-sbd drafts", 8), ("tuned", "verified, hybrid drafts", 8),
+        ("tuned", "verified, sbd-tree drafts", 8)]
     assert evaluations.asked[0] == ("base", "NTP", 1, None, "test")  # the reference, asked first and once
     assert evaluations.asked.count(evaluations.asked[0]) == 1
-    assert [r["drafts"] for r in adapter] == [None, Drafts.SBD, Drafts.LOOKUP, Drafts.HYBRID, Drafts.SBD_TREE]
+    assert [r["drafts"] for r in adapter] == [None, Drafts.SBD, Drafts.LOOKUP, Drafts.TREE_SBD, Drafts.HYBRID,
+                                              Drafts.SBD_TREE]
     assert all(r["agreement_with_ntp"] == 1.0 for r in adapter)  # FakeEvaluations: every decoder emits NTP's output
     assert adapter[0]["tokens_per_forward"] == 1.0 and adapter[1]["tokens_per_forward"] == 2.0
     assert adapter[1]["accepted_fraction"] == 2 / 6
     full = measure(FakeEvaluations(), "test", 8, adapter=False)  # a full fine-tune's own NTP and lookup too
-    assert [(r["model"], describe(r)) for r in full][5:] == [("tuned", "NTP"), ("tuned", "verified, lookup drafts")]
+    assert [(r["model"], describe(r)) for r in full][6:] == [("tuned", "NTP"), ("tuned", "verified, lookup drafts")]
     fallback = measure(FakeEvaluations(), "test", 8, adapter=True, fallback_blocks=7)  # their own rows, last
-    assert [describe(r) for r in fallback][5:] == ["verified, hybrid drafts, 7 fallback blocks",
+    assert [describe(r) for r in fallback][6:] == ["verified, hybrid drafts, 7 fallback blocks",
                                                    "verified SBD, 7 fallback blocks"]
 
 

@@ -1,5 +1,6 @@
 """The recipe's headline at one block size, before (or without) the full evaluation: verified decoding of the
-fine-tune with SBD's block (as a chain and as a tree), lookup and hybrid drafts beside the base model's NTP and
+fine-tune with SBD's block (as a chain, as a tree, and in one tree with the context and the model's successors),
+lookup and hybrid drafts beside the base model's NTP and
 lookup, on one split (the validation or test prompts, or HumanEval).
 
     python -m recipes.smollm2_sbd.headline --tuned runs/a/train/adapter --data runs/a/data \\
@@ -30,12 +31,14 @@ from sbd_jax.evaluation.results import provenance, write_json
 
 def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple[str, Settings]]:
     """(model, setting) in the order measured after the base model's NTP (the reference): SBD's block as a chain,
-    the base's lookup (often cached already), hybrid, SBD's block as a tree. An adapter's NTP (and so its lookup
+    the base's lookup (often cached already), every source in one tree (`tree-sbd`), hybrid, SBD's block as a
+    tree. An adapter's NTP (and so its lookup
     row) is the base's exactly: lookup drafts depend on the context alone, so on the same outputs they are
     accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first: the rows
     are cached one by one, and hybrid is the one to compare with lookup)."""
     out = [("tuned", Settings.verified(block_size)), ("base", Settings.verified(block_size, Drafts.LOOKUP)),
-           ("tuned", Settings.verified(block_size, Drafts.HYBRID)), ("tuned", Settings.verified(block_size, Drafts.SBD_TREE))]
+           ("tuned", Settings.verified(block_size, Drafts.TREE_SBD)), ("tuned", Settings.verified(block_size, Drafts.HYBRID)),
+           ("tuned", Settings.verified(block_size, Drafts.SBD_TREE))]
     if not adapter:
         out += [("tuned", Settings.ntp()), ("tuned", Settings.verified(block_size, Drafts.LOOKUP))]
     if fallback_blocks:
