@@ -1,5 +1,6 @@
-"""SBD's masked block as a tree (DDTree: each position's top tokens, best first) against its chain, at equal block
-size: tokens per forward, every output checked against NTP's.
+"""SBD's masked block as a tree (DDTree: each position's top tokens, best first), alone or in one tree with the
+context's matches and the model's successors, against its chain at equal block size: tokens per forward, every
+output checked against NTP's.
 
     python -m benchmarks.sbd_tree                                   # the small-scale study's SBD model
     python -m benchmarks.sbd_tree --adapter DIR --out FILE          # SmolLM2 with an SBD adapter, validation prompts
@@ -36,9 +37,8 @@ def rows(model, prompts, reference, args, max_new_tokens: int, batch: int, progr
             chain = verified(Drafts.SBD, k, max_new_tokens, fallback_blocks=fallback)
             sources = [d for d in map(Drafts, args.sources) if d.reads_masked_block or not fallback]
             settings = [("sbd chain", chain)] + [
-                (f"{d.value} n={n}", dataclasses.replace(chain, drafts=d, draft_nodes=n,
-                                                         fallback_blocks=fallback if d.reads_masked_block else 0))
-                for d in sources for n in args.nodes]
+                (f"{d.value} n={n}", dataclasses.replace(chain, drafts=d, draft_nodes=n, fallback_blocks=(
+                    fallback if d.reads_masked_block else 0))) for d in sources for n in args.nodes]
             for name, s in settings:
                 results, _ = decode_rows(model, s, prompts, batch)
                 out.append({"decoder": name, "block_size": k, "fallback_blocks": fallback, "prompts": len(prompts),

@@ -247,6 +247,10 @@ def test_sbd_block_tree_is_ntp_and_keeps_more_than_the_chain_on_the_trained_mode
     mixed = generate(VerifiedSBDDecoder(cfg, drafts="tree-sbd", draft_nodes=16, **common), weights, prompts)[0]
     assert [g.token_ids for g in tree] == [g.token_ids for g in chain] == [g.token_ids for g in expected]
     assert [g.token_ids for g in mixed] == [g.token_ids for g in expected]
+    # the block's drafts count: the same tree without it (the context and the successors) takes more forwards
+    no_block = generate(VerifiedSBDDecoder(cfg, drafts="tree", draft_nodes=16, **dict(common, fallback_blocks=0)),
+                        weights, prompts)[0]
+    assert sum(g.nfe for g in mixed) < sum(g.nfe for g in no_block)
     assert sum(g.accepted for g in tree) > 0.5 * sum(len(g.token_ids) for g in tree)
     assert sum(g.nfe for g in tree) <= sum(g.nfe for g in chain)
 
@@ -271,3 +275,13 @@ def test_a_mixed_tree_runs_the_blocks_of_one_source_at_most():
     assert Mixed((ContextTrie(depth=3), SBDBlock(4, top_k=2))).blocks == 1
     with pytest.raises(UserError, match="at most one"):
         Mixed((SBDBlock(4, top_k=2), SBDBlock(4, top_k=3)))
+    with pytest.raises(UserError, match="not a chain source"):
+        Mixed((ContextTrie(depth=3), SBDBlock(4)))
+
+
+@pytest.mark.parametrize("drafts", ["sbd", "hybrid"])
+def test_blocks_of_one_token_run_the_root_alone(drafts):
+    ntp = generate(NTPDecoder(sampling.CFG, max_new_tokens=6), sampling.params(), [sampling.PROMPT])[0]
+    one = generate(VerifiedSBDDecoder(sampling.CFG, max_new_tokens=6, block_size=1, drafts=drafts), sampling.params(),
+                   [sampling.PROMPT])[0]
+    assert one[0].token_ids == ntp[0].token_ids and one[0].nfe == 6

@@ -7,8 +7,8 @@
   logits (accepted nodes or not) and kept per token id, shared by the batch (Token Recycling, arXiv
   2408.08696); expanded from the root best-first, a node scored by the product of the kept probabilities.
   Drafts exist where the context holds no match.
-- `Mixed`: the union of sources (a node proposed twice counts once, with its best score), SBD's block as
-  a tree among them where the model has a mask token.
+- `Mixed`: the union of tree sources (a node proposed twice counts once, with its best score); one of them may
+  be SBD's block as a tree (the model then needs a mask token).
 
 Every source follows the protocol `sbd_jax.decoding.drafts` states.
 """
@@ -115,6 +115,9 @@ class Mixed:
     chain = False
 
     def __post_init__(self) -> None:
+        if any(source.chain for source in self.sources):  # a sampled chain's drafts are tested against their q
+            raise UserError("a Mixed tree merges tree sources: give it ContextTrie, Successors or SBDBlock with "
+                            "top_k > 1, not a chain source")
         if sum(1 for source in self.sources if source.blocks) > 1:
             raise UserError("a Mixed tree runs the masked blocks of at most one of its sources: give it one SBDBlock")
 

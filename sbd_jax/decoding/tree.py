@@ -228,9 +228,11 @@ def walk(tree: Tree, chosen_BT: jax.Array, max_depth: int) -> Walk:
 
 
 def likeliest(tree: Tree, max_depth: int) -> Walk:
-    """The walk that descends from the root to each node's highest-scored child: the path a pass is most
-    likely to keep, after which (and along which) a source places its masked blocks. A chain's is all of it."""
+    """The walk that descends from the root to each node's highest-scored child, greedily by score: where a
+    source places its masked blocks (after its end, fallback blocks along it). A chain's is all of it."""
     n = tree.tokens.shape[1]
+    if n == 0:  # blocks of one token: the root alone
+        return walk(tree, jnp.full((tree.tokens.shape[0], 1), -1, jnp.int32), max_depth)
     child = tree.present[:, None, :] & (tree.parents[:, None, :] == jnp.arange(n + 1)[None, :, None])  # [B, 1+N, N]
     best = jnp.argmax(jnp.where(child, tree.scores[:, None, :], -1.0), axis=-1)
     return walk(tree, jnp.where(child.any(axis=-1), jnp.take_along_axis(tree.tokens, best, axis=1), -1), max_depth)

@@ -49,11 +49,13 @@ def key_of(row: dict[str, Any]) -> str:
 
 def has(row: dict[str, Any], **fields: Any) -> bool:
     """Whether the recorded setting `row` has these field values (`has(row, verify=True, drafts=Drafts.SBD)`):
-    rows are selected by their fields, never by `describe`'s wording."""
+    rows are selected by their fields, never by `describe`'s wording. An optional field is recorded only where
+    it applies and differs from its default (`record`), so a row without it has it at its default."""
     unknown = set(fields) - set(FIELDS) - set(OPTIONAL)
     if unknown:
         raise ValueError(f"not a recorded field: {', '.join(sorted(unknown))} (fields: {', '.join(FIELDS + OPTIONAL)})")
-    return all(row.get(name) == value for name, value in fields.items())
+    defaults = {"lookup_min_match": 1, "draft_nodes": DEFAULT_DRAFT_NODES}
+    return all(row.get(name, defaults.get(name)) == value for name, value in fields.items())
 
 
 def describe(row: dict[str, Any]) -> str:
