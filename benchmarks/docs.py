@@ -43,7 +43,7 @@ def pick(rows: list[dict], **where: object) -> dict:
 
 
 class Row(NamedTuple):
-    setup: str  # the model and the prompts
+    setup: str  # the model and the prompts ("{name}": the first file's top-level field `name`)
     decoding: str
     files: tuple[str, ...]
     cells: Callable[..., tuple[str, str, str]]  # (the files' JSON) -> tokens per forward, output, speed
@@ -143,7 +143,7 @@ HEADLINE = [
     Row("the same", "verified, tree drafts, 16 nodes", TREE_SPEED, speed_at_batch_1("tree n=16")),
     Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)", TREE_SPEED,
         speed_at_batch_1("tree, width rule")),
-    Row("SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` (140 steps), 200 held-out chat prompts",
+    Row("SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` ({adapter_steps} steps), 200 held-out chat prompts",
         "verified, SBD drafts, block 4", (SHIPPED,), shipped_headline(drafts=Drafts.SBD)),
     Row("the same prompts, base SmolLM2-135M", "verified, lookup drafts, block 4", (SHIPPED,),
         shipped_headline(drafts=Drafts.LOOKUP)),
@@ -173,8 +173,9 @@ def headline_table() -> str:
     lines = ["| model, prompts | decoding | tokens per forward | output against NTP's | tokens/s against NTP "
              "(2-core CPU) | result file |", "|---|---|---|---|---|---|"]
     for row in HEADLINE:
-        cells = row.cells(*(load(f) for f in row.files))
-        lines.append(f"| {row.setup} | {row.decoding} | {' | '.join(cells)} | {links(row.files)} |")
+        data = [load(f) for f in row.files]
+        cells = row.cells(*data)
+        lines.append(f"| {row.setup.format_map(data[0])} | {row.decoding} | {' | '.join(cells)} | {links(row.files)} |")
     return "\n".join(lines)
 
 

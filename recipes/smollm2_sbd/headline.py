@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from recipes.smollm2_sbd.eval import Evaluations, summary
 from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts
+from sbd_jax.checkpoints.adapter import read_adapter_config
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.recorded import describe
@@ -73,10 +74,14 @@ def main(argv: Sequence[str]) -> None:
     prompts = split_prompts[args.split]
     evaluations = Evaluations(args.cache, models, split_prompts, args.max_new_tokens, args.batch_size)
 
+    # a shipped adapter's training steps (`adapter.json`'s "shipped"); None for others
+    steps = read_adapter_config(args.tuned).get("shipped", {}).get("steps") if adapter else None
+
     def write(table: list[dict]) -> None:  # after every row: a run cut short keeps what it measured
         write_json(os.path.join(os.path.dirname(args.cache), f"headline_{args.split}.json"),
                    {"provenance": provenance(), "command": "python -m recipes.smollm2_sbd.headline " + " ".join(argv),
-                    "tuned": "gated adapter" if adapter else "full fine-tune", "block_size": args.block_size,
+                    "tuned": "gated adapter" if adapter else "full fine-tune", "adapter_steps": steps,
+                    "block_size": args.block_size,
                     "split": args.split, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                     "reference": "the base model's NTP outputs", "rows": table})
 
