@@ -147,6 +147,8 @@ HEADLINE = [
         "verified, SBD drafts, block 4", (SHIPPED,), shipped_headline(drafts=Drafts.SBD)),
     Row("the same prompts, base SmolLM2-135M", "verified, lookup drafts, block 4", (SHIPPED,),
         shipped_headline(drafts=Drafts.LOOKUP)),
+    Row("the same, with the shipped adapter", "verified, tree-sbd drafts (context matches, successors and SBD's "
+        "block in one tree), 16 nodes, block 4", (SHIPPED,), shipped_headline(drafts=Drafts.TREE_SBD)),
     Row("small-scale SBD model (0.8M parameters, worked addition), 2,000 test problems",
         "plain SBD (Entropy-Bounded, γ chosen on validation), block 8", ("experiments/small_scale/results.json",),
         small_scale_plain),
