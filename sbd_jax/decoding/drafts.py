@@ -44,11 +44,11 @@ class Drafts(Choice):
 
     @property
     def is_tree(self) -> bool:
-        return self in (Drafts.CONTEXT_TREE, Drafts.SUCCESSORS, Drafts.TREE, Drafts.SBD_TREE, Drafts.TREE_SBD)
+        return not self.source(2).chain  # read from the source itself: one place per source
 
     @property
     def reads_masked_block(self) -> bool:
-        return self in (Drafts.SBD, Drafts.HYBRID, Drafts.SBD_TREE, Drafts.TREE_SBD)
+        return self.source(2).blocks > 0
 
     @property
     def reads_context(self) -> bool:
