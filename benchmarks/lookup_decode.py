@@ -54,6 +54,7 @@ def summary(results, timing=None) -> dict:
     out = {"tokens": tokens, "forwards": forwards, "tokens_per_forward": tokens / max(forwards, 1),
            # passes run as the exact token alone (lookup: no row of the batch had drafts), which cost an NTP step
            "narrow_share": sum(r.narrow_passes for r in results) / max(forwards, 1),
+           "nodes_per_pass": drafted / max(forwards, 1),  # candidates run beside the exact token, per row's pass
            "accepted_fraction": accepted / drafted if drafted else None,
            "lookup_share_of_drafts": lookup_drafted / drafted if drafted else None,
            "lookup_accepted_fraction": lookup_accepted / lookup_drafted if lookup_drafted else None}

@@ -4,12 +4,16 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
     python -m benchmarks.tree_decode --parts validation      # settings are chosen here, on validation prompts
     python -m benchmarks.tree_decode --parts forwards        # test prompts and HumanEval: tokens per forward
     python -m benchmarks.tree_decode --parts speed           # tokens/s against NTP in one run (batch 1 and 8)
+    python -m benchmarks.tree_decode --parts forwards --modeled-costs h100-bf16 --nodes 64 --no-chain \
+        --sources                                            # the width rule on a GPU's modeled pass costs
 
 - validation: the recipe's first `--valid` validation prompts, 128 new tokens, greedy: chain lookup and each
   tree source at several node counts (depth `--depth`), for choosing a source, a node count and the context
   match's score (`sbd_jax.decoding.context_drafts.CONTEXT_KEEP`). Never the test prompts.
 - forwards: the 200 held-out test prompts and 164 HumanEval problems of `recipes/smollm2_sbd`, 256 new tokens:
   tokens per forward, and outputs against the committed base NTP outputs (the same ones `lookup_decode` uses).
+  `--modeled-costs HW` adds the tree with the width rule on the pass costs `sbd_jax.roofline` predicts for HW at
+  this batch (`tree_width.modeled_pass_costs`): the widths its rule would pick there, in tokens per forward.
 - speed: decode tokens/s at batch 1 (`--batch1-prompts` test prompts, one at a time) and batch 8 (16 prompts):
   NTP, chain lookup (block 8, shortest match 2: the chain's best at batch 1 on a CPU,
   `benchmarks/results/lookup_decode_speed_run4_cpu.json`) and the tree at fixed widths and with the width rule
@@ -25,6 +29,7 @@ import sys
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.results import write_json
+from sbd_jax.roofline import HARDWARE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("validation", "forwards", "speed")
@@ -71,16 +76,24 @@ def forwards_rows(model, args, progress) -> list[dict]:
 
     from benchmarks.lookup_decode import summary
     from benchmarks.lookup_rule import ENTRIES, ntp_outputs, split_prompts
+    from sbd_jax.decoding.tree_width import modeled_pass_costs
 
     entries = json.load(open(ENTRIES))
     rows: list[dict] = []
     for split in ("test", "humaneval"):
         reference = ntp_outputs(entries, "base", split)[: args.prompts]
         prompts = split_prompts(model.tokenizer, split, len(reference))
-        for name, s in candidates(args.depth, 256, args.nodes, args.sources, chain=not args.no_chain):
+        deciders = candidates(args.depth, 256, args.nodes, args.sources, chain=not args.no_chain)
+        if args.modeled_costs:
+            costs = modeled_pass_costs(args.modeled_costs, args.model, args.batch, max(args.nodes),
+                                       max(map(len, prompts)) + 256 // 2)
+            deciders.append((f"tree, width rule on {args.modeled_costs}'s modeled costs",
+                             settings(Drafts.TREE, args.depth, 256, max(args.nodes), costs=costs)))
+        for name, s in deciders:
             results, _ = decode(model, s, prompts, args.batch)
             rows.append({"split": split, "decoder": name, "prompts": len(prompts), **summary(results),
-                         "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference))})
+                         "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference)),
+                         **({"pass_costs": s.pass_costs} if s.pass_costs else {})})
             print(rows[-1], flush=True)
             progress(rows)
     return rows
@@ -123,7 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompts", type=int, default=200, help="forwards: the first N test / HumanEval prompts")
     parser.add_argument("--depth", type=int, default=7, help="tree depth (the chain's block size - 1)")
     parser.add_argument("--nodes", type=int, nargs="+", default=list(NODES), help="node counts to measure")
-    parser.add_argument("--sources", nargs="+", default=["context-tree", "successors", "tree"])
+    parser.add_argument("--sources", nargs="*", default=["context-tree", "successors", "tree"])
+    parser.add_argument("--modeled-costs", default=None, metavar="HW", choices=sorted(HARDWARE),
+                        help="forwards: also the width rule on HW's pass costs as sbd_jax.roofline models them")
     parser.add_argument("--no-chain", action="store_true", help="leave out chain lookup (measured already)")
     parser.add_argument("--batch", type=int, default=16, help="validation / forwards: rows a batch")
     parser.add_argument("--batch1-prompts", type=int, default=40, help="speed: test prompts decoded at batch 1")

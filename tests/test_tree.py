@@ -285,3 +285,19 @@ def test_blocks_of_one_token_run_the_root_alone(drafts):
     one = generate(VerifiedSBDDecoder(sampling.CFG, max_new_tokens=6, block_size=1, drafts=drafts), sampling.params(),
                    [sampling.PROMPT])[0]
     assert one[0].token_ids == ntp[0].token_ids and one[0].nfe == 6
+
+
+def test_the_width_rule_runs_every_candidate_on_a_gpus_modeled_costs_and_the_root_alone_on_a_steep_curve():
+    from sbd_jax import roofline
+    from sbd_jax.decoding.tree_width import modeled_pass_costs
+
+    modeled = modeled_pass_costs("h100-bf16", "smollm2-135m", 1, 16, 512)
+    hw, shape = roofline.lookup("h100-bf16", "smollm2-135m")
+    assert [w for w, _ in modeled] == [1, 2, 4, 8, 16, 17]
+    assert [s for _, s in modeled] == [roofline.forward_time(hw, shape, 1, w, 512) for w, _ in modeled]
+    tree = trees.build_tree(candidates([[5], [5, 6], [5, 6, 7], [9]], [0.3, 0.2, 0.1, 0.1]), 16)  # 0.7 expected
+    steep = tuple((w, 0.01 * w) for w, _ in modeled)  # a pass of w tokens costs w one-token passes
+    for costs, width in ((modeled, 8), (steep, 1)):  # 8: the narrowest that holds the root and all 4 nodes
+        decoder = VerifiedSBDDecoder(CFG, 8, block_size=5, drafts=SOURCES["mixed"], draft_nodes=16,
+                                     widths=tuple(w for w, _ in costs), costs=tuple(s for _, s in costs))
+        assert decoder.pass_widths[int(decoder.width_choice(tree, jnp.ones((1,), bool)))] == width

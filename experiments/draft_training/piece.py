@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> str:
     export = os.path.join(args.workdir, "export")
     trainer.export(export)
     command = "python -m experiments.draft_training.piece " + " ".join(
-        [f"--steps {piece['steps']}", f"--arm {piece['arm']}"] + (["--smoke"] if piece["smoke"] else []) +
+        [f"--steps {piece['steps']}", f"--arm {piece['arm']}", f"--workdir {args.workdir}"] +
+        (["--smoke"] if piece["smoke"] else []) +
         ([f"--decay-steps {piece['decay_steps']}"] if piece["decay_steps"] else []) +
         ([f"--name {piece['name']}"] if piece["name"] != NAME else []))
     out = ship.ship(export, piece["name"], steps=piece["steps"], metrics=os.path.join(args.workdir, "metrics.jsonl"),

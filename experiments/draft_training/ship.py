@@ -110,8 +110,11 @@ def readme(name: str, meta: dict, log: list[dict], note: str | None, size: int) 
              f"rank {meta['rank']}, alpha {meta['alpha']}, targets {', '.join(meta['targets'])};",
              f"mask token {meta['mask_token_id']}, base fingerprint {base['fingerprint']}.", "",
              "```bash",
-             f"python sample.py --model {base['name']} --adapter {name} --prompt \"...\" --chat --mode sbd --verify",
+             f"python sample.py --model {base['name']} --adapter {name} --prompt \"...\" --chat --mode sbd --verify "
+             "--drafts tree-sbd --block-size 4",
              "```", "",
+             "(the context's matches, the model's successors and the adapter's block in one tree; "
+             "`docs/decoding.md` says what each `--drafts` source does)", "",
              f"or `sbd_jax.load(\"{base['name']}\", adapter=\"{name}\")`. NTP and verified decoding give the base "
              "model's own output exactly; the adapter only drafts.", "",
              "## Where it came from", "",

@@ -72,6 +72,7 @@ class Lookup:
     min_match: int = 1
     chain = True
     blocks = 0
+    reads_context = True
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return ()
@@ -108,6 +109,7 @@ class SBDBlock:
     fallback_blocks: int = 0
     top_k: int = 1
     beam: int = 16
+    reads_context = False
 
     @property
     def chain(self) -> bool:
@@ -184,6 +186,7 @@ class Hybrid:
     lookup: Lookup
     block: SBDBlock
     chain = True
+    reads_context = True
 
     @property
     def depth(self) -> int:

@@ -43,6 +43,7 @@ class ContextTrie:
     keep: float = CONTEXT_KEEP
     chain = False
     blocks = 0
+    reads_context = True
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return ()
@@ -77,6 +78,7 @@ class Successors:
     beam: int = 16
     chain = False
     blocks = 0
+    reads_context = False
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return (jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.int32), jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.float32))
@@ -124,6 +126,10 @@ class Mixed:
     @property
     def depth(self) -> int:
         return max(source.depth for source in self.sources)
+
+    @property
+    def reads_context(self) -> bool:
+        return any(source.reads_context for source in self.sources)
 
     @property
     def _with_blocks(self) -> int | None:

@@ -4,7 +4,8 @@ A source is a small frozen, hashable dataclass with a pytree state; the decoder 
 holds the prompt and the emitted tokens (`history`) and asks the source, around each pass:
 - `depth` (deepest node), `chain` (one candidate per depth, scores never rising with depth, so that pass index
   = depth: sampled chains are tested by the speculative ratio test against the distributions they were drawn
-  from, `Candidates.dists`), `blocks` (all-masked blocks of `block_size` the pass runs for the source, and
+  from, `Candidates.dists`), `reads_context` (it searches the prompt and output: `lookup_min_match` applies),
+  `blocks` (all-masked blocks of `block_size` the pass runs for the source, and
   `anchors(tree, state)`: the pass index each goes after; a source with blocks needs a mask token);
 - `init(batch, vocab, sampling)`: its state before the first pass;
 - `candidates(state, history, length, room)`: `sbd_jax.decoding.tree.Candidates`, none deeper than `room`;
@@ -52,7 +53,7 @@ class Drafts(Choice):
 
     @property
     def reads_context(self) -> bool:
-        return self in (Drafts.LOOKUP, Drafts.HYBRID, Drafts.CONTEXT_TREE, Drafts.TREE, Drafts.TREE_SBD)
+        return self.source(2).reads_context
 
     def source(self, block_size: int, min_match: int = 1, fallback_blocks: int = 0) -> Any:
         """The draft source of this name for blocks of `block_size` (nodes at most `block_size - 1` deep)."""
