@@ -78,6 +78,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs more than a 1-token "
                    "one (benchmarks/results/lookup_decode_speed_run4_cpu.json); 1 (most tokens per forward) on GPUs")
+    p.add_argument("--draft-memory", action="store_true",
+                   help="successors / tree / tree-sbd drafts: keep the model's successor table from batch to batch of "
+                   "a prompts file (Token Recycling's hot start) instead of starting each batch empty; outputs are "
+                   "unchanged, forwards depend on the batches before")
     p.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
                    help="sbd / hybrid / sbd-tree / tree-sbd drafts: N more masked blocks in each pass, one after each of the first N places "
                    "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "
@@ -191,7 +195,7 @@ def main(argv: list[str]) -> None:
     settings = Settings(mode=args.mode, max_new_tokens=args.max_new_tokens,
                         block_size=16 if auto else args.block_size, gamma=args.gamma, proxy=args.proxy,
                         verify=args.verify, drafts=args.drafts, lookup_min_match=args.lookup_min_match,
-                        fallback_blocks=args.fallback_blocks,
+                        fallback_blocks=args.fallback_blocks, draft_memory=args.draft_memory,
                         draft_nodes=AUTO_DRAFT_NODES if args.draft_nodes == "auto" else args.draft_nodes,
                         temperature=args.temperature,
                         top_p=args.top_p)  # checked before the slow model load

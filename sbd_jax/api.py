@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import jax
 
 from sbd_jax.decoding.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
-from sbd_jax.decoding.generate import BatchTiming, Executables, Generation, generate
+from sbd_jax.decoding.generate import BatchTiming, DraftMemory, Executables, Generation, generate
 from sbd_jax.decoding.settings import Mode, Settings
 from sbd_jax.errors import PromptError, UserError
 from sbd_jax.model.config import DType
@@ -34,13 +34,14 @@ class SBDModel:
 
     Compiled decoders are kept (the `capacity` most recent shapes), so repeated calls with the same
     settings and prompt bucket do not compile again; `last_timing` holds the last call's compile,
-    prefill and decode seconds."""
+    prefill and decode seconds. Settings with `draft_memory` carry their source's memory from call to call."""
 
     def __init__(self, config: Any, params: Any, tokenizer: Any, capacity: int = 16):
         self.config, self.tokenizer = config, tokenizer
         self.params = jax.device_put(params)
         self.executables = Executables(capacity)
         self.last_timing: BatchTiming | None = None
+        self.draft_memories: dict[Any, DraftMemory] = {}  # settings with draft_memory: one per draft source
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt: raw text, or one user turn through the model's chat template."""
@@ -71,9 +72,12 @@ class SBDModel:
         model's context)."""
         settings = settings_of(settings, options)
         ids = self.encode_batch(prompts, chat)
-        generations, self.last_timing = generate(settings.decoder(self.config), self.params, ids, seed=seed,
-                                                 max_cache_len=max_cache_len, gamma=settings.entropy_budget,
-                                                 executables=self.executables)
+        decoder = settings.decoder(self.config)
+        memory = (self.draft_memories.setdefault((settings.drafts, settings.block_size), DraftMemory())
+                  if settings.draft_memory else None)
+        generations, self.last_timing = generate(decoder, self.params, ids, seed=seed, max_cache_len=max_cache_len,
+                                                 gamma=settings.entropy_budget, executables=self.executables,
+                                                 memory=memory)
         return [g._replace(text=self.tokenizer.decode(g.token_ids, skip_special_tokens=True)) for g in generations]
 
     def choose_block_size(self, prompts: str | Sequence[str], batch: int, settings: Settings | None = None, *,

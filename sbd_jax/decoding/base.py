@@ -49,6 +49,7 @@ class DecodeOutput(struct.PyTreeNode):
     lookup_drafted: jax.Array  # [B] verified mode: of the drafted tokens, those prompt lookup proposed
     lookup_accepted: jax.Array  # [B] verified mode: of those, accepted
     narrow_passes: jax.Array  # [B] verified lookup: of the row's passes, those run as the exact token alone
+    memory: Any = None  # verified with draft_memory: what the draft source keeps for the next call (`DraftMemory`)
 
 
 def kept_through_eos(is_eos_BK: jax.Array, limit_B: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -141,6 +142,11 @@ class Decoder:
                prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
         """Generates after `prefill` until every row hit EOS or its budget: each mode's own loop."""
         raise NotImplementedError(f"{type(self).__name__} defines no decoding loop")
+
+    def fresh_memory(self) -> Any:
+        """What a first call starts from where draft sources keep a memory across calls (`DraftMemory`); None:
+        this decoder keeps none."""
+        return None
 
     @functools.partial(jax.jit, static_argnames=("self", "capacity"))
     def prefill(self, params: Any, prompt_BT: jax.Array, prompt_lens_B: jax.Array,

@@ -73,6 +73,7 @@ class Lookup:
     chain = True
     blocks = 0
     reads_context = True
+    keeps_memory = False
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return ()
@@ -110,6 +111,7 @@ class SBDBlock:
     top_k: int = 1
     beam: int = 16
     reads_context = False
+    keeps_memory = False
 
     @property
     def chain(self) -> bool:
@@ -187,6 +189,7 @@ class Hybrid:
     block: SBDBlock
     chain = True
     reads_context = True
+    keeps_memory = False
 
     @property
     def depth(self) -> int:

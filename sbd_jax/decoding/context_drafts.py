@@ -6,7 +6,8 @@
 - `Successors`: the model's own top-k next tokens after every token it has run, harvested from every pass's
   logits (accepted nodes or not) and kept per token id, shared by the batch (Token Recycling, arXiv
   2408.08696); expanded from the root best-first, a node scored by the product of the kept probabilities.
-  Drafts exist where the context holds no match.
+  Drafts exist where the context holds no match. With `draft_memory` the table outlives the call: the next
+  call of the same model starts from it (Token Recycling's hot start) instead of from an empty table.
 - `Mixed`: the union of tree sources (a node proposed twice counts once, with its best score); one of them may
   be SBD's block as a tree (the model then needs a mask token).
 
@@ -44,6 +45,7 @@ class ContextTrie:
     chain = False
     blocks = 0
     reads_context = True
+    keeps_memory = False
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return ()
@@ -79,9 +81,16 @@ class Successors:
     chain = False
     blocks = 0
     reads_context = False
+    keeps_memory = True  # the table, across calls when asked (Token Recycling keeps it across queries)
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return (jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.int32), jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.float32))
+
+    def remember(self, state: Any) -> Any:
+        return state
+
+    def recall(self, state: Any, memory: Any) -> Any:
+        return memory
 
     def candidates(self, state: Any, history_BW: jax.Array, length_B: jax.Array, room_B: jax.Array) -> Candidates:
         table_tokens, table_probs = state
@@ -130,6 +139,17 @@ class Mixed:
     @property
     def reads_context(self) -> bool:
         return any(source.reads_context for source in self.sources)
+
+    @property
+    def keeps_memory(self) -> bool:
+        return any(source.keeps_memory for source in self.sources)
+
+    def remember(self, state: Any) -> Any:
+        return tuple(source.remember(s) if source.keeps_memory else () for source, s in zip(self.sources, state))
+
+    def recall(self, state: Any, memory: Any) -> Any:
+        return tuple(source.recall(s, m) if source.keeps_memory else s
+                     for source, s, m in zip(self.sources, state, memory))
 
     @property
     def _with_blocks(self) -> int | None:

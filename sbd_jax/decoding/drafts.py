@@ -9,7 +9,10 @@ holds the prompt and the emitted tokens (`history`) and asks the source, around 
   `anchors(tree, state)`: the pass index each goes after; a source with blocks needs a mask token);
 - `init(batch, vocab, sampling)`: its state before the first pass;
 - `candidates(state, history, length, room)`: `sbd_jax.decoding.tree.Candidates`, none deeper than `room`;
-- `observe(state, result)`: its state after a pass (`sbd_jax.decoding.tree.PassResult`).
+- `observe(state, result)`: its state after a pass (`sbd_jax.decoding.tree.PassResult`);
+- `keeps_memory`: it can keep what it learnt across `generate` calls (`draft_memory`): `remember(state)`, the
+  batch-independent part kept after a call, and `recall(state, memory)`, the next call's state before its first
+  pass.
 Exactness needs only that a pass's candidates are fixed before its draws: a source reads what earlier passes
 produced, never the pass it proposes for (`sbd_jax.decoding.tree`). Sources: `sbd_jax.decoding.chain_drafts`
 (SBD's block, lookup, hybrid) and `sbd_jax.decoding.context_drafts` (trees of context matches and of the model's
@@ -54,6 +57,10 @@ class Drafts(Choice):
     @property
     def reads_context(self) -> bool:
         return self.source(2).reads_context
+
+    @property
+    def keeps_memory(self) -> bool:
+        return self.source(2).keeps_memory
 
     def source(self, block_size: int, min_match: int = 1, fallback_blocks: int = 0) -> Any:
         """The draft source of this name for blocks of `block_size` (nodes at most `block_size - 1` deep)."""

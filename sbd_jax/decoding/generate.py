@@ -4,6 +4,7 @@ return per-row generations with their pass counts and timings (compile, prefill,
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import numbers
 import time
@@ -108,6 +109,15 @@ def batch_seed(seed: int, batch: int) -> int:
     return (seed + batch) % SEED_LIMIT
 
 
+@dataclasses.dataclass
+class DraftMemory:
+    """What a draft source keeps across `generate` calls (`VerifiedSBDDecoder.draft_memory`: the model's successor
+    table), on the device: None until a call fills it. Hold one across calls to carry it (`generate_batched`
+    holds one for a dataset's batches, `SBDModel` one per draft source)."""
+
+    state: Any = None
+
+
 class Executables:
     """Ahead-of-time compiled prefill and decode functions by (kind, decoder, prompt shape, capacity), the
     `capacity` most recently used kept: compile time is measured apart from run time, and a repeated
@@ -135,19 +145,26 @@ class Executables:
 
 def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], seed: int = 0,
              max_cache_len: int | None = None, pad_to: int = 0, gamma: float = DEFAULT_GAMMA,
-             executables: Executables | None = None) -> tuple[list[Generation], BatchTiming]:
+             executables: Executables | None = None, memory: DraftMemory | None = None
+             ) -> tuple[list[Generation], BatchTiming]:
     """Decodes a batch of token-id prompts; compile, prefill and decode times are measured apart.
 
     Prompts are padded to a multiple of 64 tokens, at least `pad_to`: give the longest prompt of a
     dataset to decode it in batches that all reuse one compiled shape (and pass one `executables` to
     every call, or each call compiles afresh). `gamma` is SBD's entropy budget per pass (traced: a new
-    value never recompiles); the other decoders ignore it."""
+    value never recompiles); the other decoders ignore it. A decoder whose draft source keeps a memory starts
+    from `memory`'s and leaves its own there (a fresh one where None is given)."""
     check_seed(seed)
     knobs = TracedSettings.create(gamma)
     executables = Executables(capacity=2) if executables is None else executables  # an empty one is falsy
     tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, max_cache_len,
                                             decoder.config, decoder.output_label, pad_to)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
+    fresh = decoder.fresh_memory()
+    kept = None if fresh is None else DraftMemory() if memory is None else memory
+    if kept is not None and kept.state is None:
+        kept.state = fresh
+    remembered = () if kept is None else (kept.state,)  # one compiled decode for a first call and later ones
     start = time.perf_counter()
     prefill_fn = type(decoder).prefill
     prefill = executables.get(("prefill", decoder, tokens.shape, capacity),
@@ -157,7 +174,7 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
         cache_shape, last_shape = jax.eval_shape(functools.partial(prefill_fn, decoder, capacity=capacity),
                                                  *prefill_args)
         return type(decoder).decode.lower(decoder, params, cache_shape, last_shape, jax.random.key(seed), knobs,
-                                          *prefill_args[1:])
+                                          *prefill_args[1:], *remembered)
 
     decode = executables.get(("decode", decoder, tokens.shape, capacity), lower_decode)
     compile_seconds = time.perf_counter() - start
@@ -166,8 +183,11 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     cache, last = jax.block_until_ready(prefill(*prefill_args))
     prefill_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    out = jax.block_until_ready(decode(params, cache, last, jax.random.key(seed), knobs, *prefill_args[1:]))
+    out = jax.block_until_ready(decode(params, cache, last, jax.random.key(seed), knobs, *prefill_args[1:],
+                                       *remembered))
     decode_seconds = time.perf_counter() - start
+    if kept is not None:  # kept on the device for the next call
+        kept.state, out = out.memory, out.replace(memory=None)
     out = jax.tree.map(np.asarray, out)
     results = []
     for b in range(len(prompts)):
@@ -181,21 +201,22 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
 
 
 def generate_batched(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], batch: int, seed: int = 0,
-                     pad_to: int = 0, gamma: float = DEFAULT_GAMMA, executables: Executables | None = None
-                     ) -> tuple[list[Generation], BatchTiming]:
+                     pad_to: int = 0, gamma: float = DEFAULT_GAMMA, executables: Executables | None = None,
+                     memory: DraftMemory | None = None) -> tuple[list[Generation], BatchTiming]:
     """Decodes a dataset `batch` prompts at a time, every batch padded to the longest prompt (at least
     `pad_to`) so that all reuse one compiled shape; the timings are the batches' sums (batch i draws
-    with seed + i)."""
+    with seed + i). A draft source's memory (`generate`) runs on from batch to batch."""
     if batch < 1 or not prompts:
         raise UserError(f"give at least one prompt and batch >= 1 (got {len(prompts)} prompts, batch={batch})")
     check_seed(seed)
     executables = Executables(capacity=2) if executables is None else executables  # an empty one is falsy
     longest = max(pad_to, *map(len, prompts))
+    memory = DraftMemory() if memory is None else memory
     generations, timings = [], []
     for i, start in enumerate(range(0, len(prompts), batch)):
         try:
             results, timing = generate(decoder, params, prompts[start: start + batch], seed=batch_seed(seed, i),
-                                       pad_to=longest, gamma=gamma, executables=executables)
+                                       pad_to=longest, gamma=gamma, executables=executables, memory=memory)
         except PromptError as e:  # name the prompt by its place in the dataset, not in its batch
             raise e.shifted(start) from None
         generations += results

@@ -51,6 +51,9 @@ class Settings:
     # tree drafts: (pass width, seconds) measured here (`tree_width.measure_pass_costs`); each pass then runs the
     # width with the most expected tokens per second. Empty: every node, or the root alone where no row has one.
     pass_costs: tuple[tuple[int, float], ...] = ()
+    # drafts with the model's successors: keep its successor table from call to call of one model (and batch to
+    # batch of a dataset), Token Recycling's hot start: forwards then depend on what was decoded before
+    draft_memory: bool = False
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
 
@@ -77,6 +80,10 @@ class Settings:
             if not is_finite_number(seconds) or seconds <= 0:
                 raise UserError(f"pass_costs seconds={seconds!r} must be a positive number")
         check_pass_widths(tuple(w for w, _ in self.pass_costs), self.draft_nodes)
+        check_flag("draft_memory", self.draft_memory)
+        if self.draft_memory and not (self.verify and self.drafts.keeps_memory):
+            raise UserError("draft_memory (--draft-memory) keeps the model's successors across calls: use it with "
+                            f"verify and drafts {', '.join(d.value for d in Drafts if d.keeps_memory)} (--drafts)")
         if self.drafts != Drafts.SBD and not self.verify:
             raise UserError(f"drafts {self.drafts.value!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")
@@ -129,5 +136,6 @@ class Settings:
             return VerifiedSBDDecoder(config, block_size=self.block_size, drafts=self.drafts,
                                       lookup_min_match=self.lookup_min_match, fallback_blocks=self.fallback_blocks,
                                       draft_nodes=self.draft_nodes, widths=tuple(w for w, _ in self.pass_costs),
-                                      costs=tuple(c for _, c in self.pass_costs), **common)
+                                      costs=tuple(c for _, c in self.pass_costs), draft_memory=self.draft_memory,
+                                      **common)
         return SBDDecoder(config, block_size=self.block_size, proxy=self.proxy, **common)

@@ -58,6 +58,9 @@ class VerifiedSBDDecoder(BlockDecoder):
     The cache keeps exactly the accepted path. Every pass verifies, so `nfe <= new tokens`; γ plays no part.
     `drafts`: a `Drafts` name, whose source is built for `block_size` (nodes at most `block_size - 1` deep), or a
     draft-source object. Chains (sbd, lookup, hybrid) have `block_size - 1` nodes, trees `draft_nodes`.
+    `draft_memory`: the source keeps what it learnt (the model's successors) across calls: `decode` takes the last
+    call's `DecodeOutput.memory` and returns this call's (`generate`'s `DraftMemory` carries it), so a call's
+    forwards depend on what was decoded before; its output never does.
     `widths` are the pass widths compiled (root included; the candidates' best first so many), `costs` the seconds
     of a forward at each (measured once per model and machine: `sbd_jax.decoding.tree_width`): each pass takes the
     width with the most expected tokens per second over the live rows, a node's score being its estimated chance
@@ -73,6 +76,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     draft_nodes: int = DEFAULT_DRAFT_NODES
     widths: tuple[int, ...] = ()
     costs: tuple[float, ...] = ()
+    draft_memory: bool = False
 
     # The verdict's rules as class attributes: tests swap in broken variants the exactness checks must catch.
     speculative_test = staticmethod(speculative_accept)
@@ -105,6 +109,10 @@ class VerifiedSBDDecoder(BlockDecoder):
             raise UserError("a source with masked blocks runs every pass at full width: give it no pass widths")
         if len(self.costs) != len(self.widths):
             raise UserError(f"give one cost per pass width (widths {self.widths}, costs {self.costs})")
+        if self.draft_memory and not self.source.keeps_memory:
+            raise UserError(f"draft_memory (--draft-memory) keeps the model's successors across calls: drafts "
+                            f"{self.source_name!r} keep none; use drafts "
+                            f"{', '.join(d.value for d in Drafts if d.keeps_memory)}")
 
     @property
     def source(self) -> Any:
@@ -112,6 +120,11 @@ class VerifiedSBDDecoder(BlockDecoder):
         if isinstance(self.drafts, Drafts):
             return self.drafts.source(self.block_size, self.lookup_min_match, self.fallback_blocks)
         return self.drafts
+
+    @property
+    def source_name(self) -> str:
+        """The draft source's `Drafts` name, or its class's for a source object."""
+        return self.drafts.value if isinstance(self.drafts, Drafts) else type(self.drafts).__name__
 
     @property
     def nodes(self) -> int:
@@ -129,7 +142,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     def needs_mask_token(self) -> str | None:
         if not self.source.blocks:
             return None
-        name = self.drafts.value if isinstance(self.drafts, Drafts) else type(self.drafts).__name__
+        name = self.source_name
         return (f"drafts {name!r} (--drafts {name}) come from the masked block: this model has no mask token "
                 "configured; use --drafts lookup (any model), fine-tune it with train.py (which sets one) or pass "
                 "--mask-token-id")
@@ -141,6 +154,11 @@ class VerifiedSBDDecoder(BlockDecoder):
     @property
     def output_label(self) -> str:
         return f"max_new_tokens + draft depth {self.source.depth} + 1"
+
+    def fresh_memory(self) -> Any:
+        if not self.draft_memory:
+            return None
+        return self.source.remember(self.source.init(1, self.config.vocab_size, self.temperature > 0))
 
     def width_choice(self, tree: trees.Tree, live_B: jax.Array) -> jax.Array:
         """The index in `pass_widths` this pass runs (class docstring)."""
@@ -198,9 +216,11 @@ class VerifiedSBDDecoder(BlockDecoder):
 
     @functools.partial(jax.jit, static_argnames=("self",))
     def decode(self, params: Any, cache: KVCache, last_token_B: jax.Array, rng: jax.Array, knobs: TracedSettings,
-               prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None) -> DecodeOutput:
+               prompt_BT: jax.Array | None = None, prompt_lens_B: jax.Array | None = None,
+               memory: Any = None) -> DecodeOutput:
         """Decodes until every row hit EOS or `max_new_tokens`: propose, run, walk, keep, tell the source.
-        `prompt_BT` / `prompt_lens_B`: the right-padded prompts, which context sources search with the output."""
+        `prompt_BT` / `prompt_lens_B`: the right-padded prompts, which context sources search with the output;
+        `memory`: the last call's `DecodeOutput.memory` (with `draft_memory`; None: `fresh_memory()`)."""
         source, batch, depth = self.source, last_token_B.shape[0], self.source.depth
         if prompt_BT is None or prompt_lens_B is None:  # the context sources then search the output alone
             prompt_BT, prompt_lens_B = last_token_B[:, None], jnp.ones((batch,), jnp.int32)
@@ -249,10 +269,13 @@ class VerifiedSBDDecoder(BlockDecoder):
                 narrow_passes=s.narrow_passes + (live & (kept_nodes == 0) & (self.nodes > 0)))
 
         zeros = jnp.zeros((batch,), jnp.int32)
+        source_state = source.init(batch, self.config.vocab_size, self.temperature > 0)
+        if self.draft_memory:
+            source_state = source.recall(source_state, self.fresh_memory() if memory is None else memory)
         history = jnp.concatenate([prompt_BT.astype(jnp.int32),
                                    jnp.zeros((batch, self.output_len), jnp.int32)], axis=1)
         init = _State(iteration=jnp.int32(0), cache=cache, history=history,
-                      source=source.init(batch, self.config.vocab_size, self.temperature > 0),
+                      source=source_state,
                       record=jnp.zeros((batch, self.output_len, 3), jnp.int32), nfe=zeros, count=zeros,
                       done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
                       lookup_accepted=zeros, narrow_passes=zeros)
@@ -260,7 +283,8 @@ class VerifiedSBDDecoder(BlockDecoder):
         return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
                             reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
                             drafted=final.drafted, accepted=final.accepted, lookup_drafted=final.lookup_drafted,
-                            lookup_accepted=final.lookup_accepted, narrow_passes=final.narrow_passes)
+                            lookup_accepted=final.lookup_accepted, narrow_passes=final.narrow_passes,
+                            memory=source.remember(final.source) if self.draft_memory else None)
 
 
 def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:

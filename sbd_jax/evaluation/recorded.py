@@ -15,12 +15,12 @@ from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES
 
 # Every row has these; a field that does not apply to its decoder is None (0 for fallback_blocks).
 FIELDS = ("mode", "block_size", "gamma", "proxy", "verify", "drafts", "fallback_blocks")
-OPTIONAL = ("lookup_min_match", "draft_nodes", "hybrid_rule")  # where they apply (`record`)
+OPTIONAL = ("lookup_min_match", "draft_nodes", "hybrid_rule", "draft_memory")  # where they apply (`record`)
 
 
 def record(settings: Settings) -> dict[str, Any]:
     """`FIELDS` of `settings` (NTP: block 1; γ (the default where unset) and the proxy only for plain SBD, the
-    draft source only when verifying), and where they apply the lookup's shortest match, the tree's nodes and hybrid's rule (so that
+    draft source only when verifying), and where they apply the lookup's shortest match, the tree's nodes, a kept draft memory and hybrid's rule (so that
     rows of another rule or width are never mistaken for these)."""
     sbd, verify = settings.mode == Mode.SBD, settings.verify
     row: dict[str, Any] = {"mode": settings.mode, "block_size": settings.block_size if sbd else 1,
@@ -31,6 +31,8 @@ def record(settings: Settings) -> dict[str, Any]:
         row["lookup_min_match"] = settings.lookup_min_match
     if verify and settings.drafts.is_tree and settings.draft_nodes != DEFAULT_DRAFT_NODES:
         row["draft_nodes"] = settings.draft_nodes
+    if settings.draft_memory:
+        row["draft_memory"] = True
     if verify and settings.drafts == Drafts.HYBRID:
         row["hybrid_rule"] = chain_drafts.HYBRID_RULE  # read when called: a test may change the rule
     return row
@@ -54,7 +56,7 @@ def has(row: dict[str, Any], **fields: Any) -> bool:
     unknown = set(fields) - set(FIELDS) - set(OPTIONAL)
     if unknown:
         raise ValueError(f"not a recorded field: {', '.join(sorted(unknown))} (fields: {', '.join(FIELDS + OPTIONAL)})")
-    defaults = {"lookup_min_match": 1, "draft_nodes": DEFAULT_DRAFT_NODES}
+    defaults = {"lookup_min_match": 1, "draft_nodes": DEFAULT_DRAFT_NODES, "draft_memory": False}
     return all(row.get(name, defaults.get(name)) == value for name, value in fields.items())
 
 

@@ -1,0 +1,88 @@
+"""A draft source's memory across calls (`draft_memory`: the model's successor table, Token Recycling's hot start):
+the next call starts from the last call's table, outputs stay NTP's, and only sources that keep one accept it."""
+
+import jax
+import numpy as np
+import pytest
+
+import sbd_jax
+from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.generate import DraftMemory, generate, generate_batched
+from sbd_jax.decoding.settings import Settings
+from sbd_jax.decoding.verified import VerifiedSBDDecoder
+from sbd_jax.errors import UserError
+from sbd_jax.evaluation.recorded import has, record
+from tests.test_api import SHIPPED
+from tests.test_tree import CFG, PROMPTS, SOURCES, params
+
+NEW = 24
+
+
+def ntp_outputs(prompts):
+    return [g.token_ids for g in generate(NTPDecoder(CFG, NEW, eos_ids=CFG.eos_token_ids), params(), prompts)[0]]
+
+
+def rows_run(memory):
+    """The token ids whose successors the table holds."""
+    tokens, probs = memory
+    return set(np.flatnonzero(np.asarray(probs).sum(axis=1) > 0).tolist())
+
+
+@pytest.mark.parametrize("name", ["successors", "mixed"])
+def test_the_next_call_starts_from_the_last_calls_successor_table(name):
+    decoder = VerifiedSBDDecoder(CFG, NEW, eos_ids=CFG.eos_token_ids, block_size=5, drafts=SOURCES[name],
+                                 draft_nodes=6, draft_memory=True)
+    table = (lambda state: state) if name == "successors" else (lambda state: state[1])
+    kept, fresh = DraftMemory(), DraftMemory()
+    first = generate(decoder, params(), PROMPTS[:2], memory=kept)[0]
+    after_first = jax.tree.map(np.asarray, table(kept.state))
+    second = generate(decoder, params(), PROMPTS[2:], memory=kept)[0]
+    alone = generate(decoder, params(), PROMPTS[2:], memory=fresh)[0]
+    assert [g.token_ids for g in first + second] == ntp_outputs(PROMPTS)
+    assert [g.token_ids for g in alone] == [g.token_ids for g in second]
+    # rows are never cleared: the first call's rows that the second call alone does not run are still there
+    assert rows_run(after_first) - rows_run(table(fresh.state))
+    assert rows_run(table(kept.state)) >= rows_run(after_first)
+
+
+def test_a_dataset_carries_the_memory_from_batch_to_batch_and_a_decoder_without_it_starts_empty():
+    def decoder(draft_memory):
+        return VerifiedSBDDecoder(CFG, NEW, eos_ids=CFG.eos_token_ids, block_size=5, drafts=SOURCES["successors"],
+                                  draft_nodes=6, draft_memory=draft_memory)
+
+    memory, first_alone, second_alone = DraftMemory(), DraftMemory(), DraftMemory()
+    batched = generate_batched(decoder(True), params(), PROMPTS, batch=2, memory=memory)[0]
+    generate(decoder(True), params(), PROMPTS[:2], memory=first_alone)
+    generate(decoder(True), params(), PROMPTS[2:], memory=second_alone)
+    assert [g.token_ids for g in batched] == ntp_outputs(PROMPTS)
+    assert rows_run(first_alone.state) - rows_run(second_alone.state)  # the first batch's own rows ...
+    assert rows_run(memory.state) >= rows_run(first_alone.state)  # ... are still there after the second
+    untouched = DraftMemory()
+    generate_batched(decoder(False), params(), PROMPTS, batch=2, memory=untouched)
+    assert untouched.state is None and decoder(False).fresh_memory() is None
+
+
+def test_only_sources_that_keep_a_memory_take_draft_memory_and_results_record_it():
+    for options in (dict(drafts="lookup"), dict(drafts="sbd-tree"), dict(drafts="context-tree")):
+        with pytest.raises(UserError, match="draft_memory"):
+            Settings.verified(5, draft_memory=True, **options)
+    with pytest.raises(UserError, match="draft_memory"):
+        Settings.ntp(draft_memory=True)
+    with pytest.raises(UserError, match="draft_memory"):
+        VerifiedSBDDecoder(CFG, NEW, block_size=5, drafts=SOURCES["context"], draft_memory=True)
+    kept = Settings.verified(5, "tree", draft_memory=True)
+    assert record(kept)["draft_memory"] is True and "draft_memory" not in record(Settings.verified(5, "tree"))
+    assert has(record(Settings.verified(5, "tree")), draft_memory=False) and has(record(kept), draft_memory=True)
+
+
+def test_the_api_keeps_one_memory_per_draft_source_across_calls():
+    model = sbd_jax.load(SHIPPED)
+    settings = Settings.verified(8, "tree", draft_memory=True, max_new_tokens=32)
+    ntp = model.generate("c5b7a2+b8a6", chat=True, max_new_tokens=32)
+    (first,) = model.generate("c5b7a2+b8a6", settings, chat=True)
+    table = model.draft_memories[(settings.drafts, settings.block_size)].state
+    (again,) = model.generate("c5b7a2+b8a6", settings, chat=True)
+    assert first.token_ids == again.token_ids == ntp[0].token_ids
+    assert model.draft_memories[(settings.drafts, settings.block_size)].state is not table  # carried on
+    model.generate("c5b7a2+b8a6", Settings.verified(8, "tree", max_new_tokens=32), chat=True)
+    assert len(model.draft_memories) == 1  # without draft_memory nothing is kept
