@@ -36,19 +36,24 @@ PARTS = ("validation", "forwards", "speed")
 NODES = (4, 8, 16, 32, 64)
 
 
-def settings(drafts: str, depth: int, max_new_tokens: int, nodes: int = 16, min_match: int = 1, costs=()):
+def settings(drafts: str, depth: int, max_new_tokens: int, nodes: int = 16, min_match: int = 1, costs=(),
+             memory: bool = False):
     from sbd_jax.decoding.settings import Settings
 
     return Settings(mode=Mode.SBD, verify=True, drafts=drafts, block_size=depth + 1, max_new_tokens=max_new_tokens,
-                    draft_nodes=nodes, lookup_min_match=min_match, pass_costs=costs)
+                    draft_nodes=nodes, lookup_min_match=min_match, pass_costs=costs, draft_memory=memory)
 
 
 def candidates(depth: int, max_new_tokens: int, nodes=NODES, sources=(Drafts.CONTEXT_TREE, Drafts.SUCCESSORS, Drafts.TREE),
-               chain: bool = True) -> list[tuple[str, object]]:
-    """(name, settings) of chain lookup and each tree source at each node count."""
+               chain: bool = True, memory: bool = False) -> list[tuple[str, object]]:
+    """(name, settings) of chain lookup and each tree source at each node count; with `memory`, each source that
+    keeps the model's successors also with `--draft-memory` (its table carried from batch to batch)."""
     rows = [("lookup chain", settings(Drafts.LOOKUP, depth, max_new_tokens))] if chain else []
-    for drafts in sources:
-        rows += [(f"{drafts} n={n}", settings(drafts, depth, max_new_tokens, n)) for n in nodes]
+    for drafts in map(Drafts, sources):
+        rows += [(f"{drafts.value} n={n}", settings(drafts, depth, max_new_tokens, n)) for n in nodes]
+        if memory and drafts.keeps_memory:
+            rows += [(f"{drafts.value} n={n}, draft memory", settings(drafts, depth, max_new_tokens, n, memory=True))
+                     for n in nodes]
     return rows
 
 
@@ -64,7 +69,8 @@ def validation_rows(model, args) -> list[dict]:
 
     prompts = split_prompts(model.tokenizer, "valid", args.valid)
     rows = []
-    for name, s in candidates(args.depth, 128, args.nodes, args.sources, chain=not args.no_chain):
+    for name, s in candidates(args.depth, 128, args.nodes, args.sources, chain=not args.no_chain,
+                              memory=args.draft_memory):
         results, _ = decode(model, s, prompts, args.batch)
         rows.append({"decoder": name, "prompts": len(prompts), **summary(results)})
         print(rows[-1], flush=True)
@@ -83,7 +89,8 @@ def forwards_rows(model, args, progress) -> list[dict]:
     for split in ("test", "humaneval"):
         reference = ntp_outputs(entries, "base", split)[: args.prompts]
         prompts = split_prompts(model.tokenizer, split, len(reference))
-        deciders = candidates(args.depth, 256, args.nodes, args.sources, chain=not args.no_chain)
+        deciders = candidates(args.depth, 256, args.nodes, args.sources, chain=not args.no_chain,
+                              memory=args.draft_memory)
         if args.modeled_costs:
             costs = modeled_pass_costs(args.modeled_costs, args.model, args.batch, max(args.nodes),
                                        max(map(len, prompts)) + 256 // 2)
@@ -137,6 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--depth", type=int, default=7, help="tree depth (the chain's block size - 1)")
     parser.add_argument("--nodes", type=int, nargs="+", default=list(NODES), help="node counts to measure")
     parser.add_argument("--sources", nargs="*", default=["context-tree", "successors", "tree"])
+    parser.add_argument("--draft-memory", action="store_true",
+                        help="validation / forwards: each successor source also with its table kept batch to batch")
     parser.add_argument("--modeled-costs", default=None, metavar="HW", choices=sorted(HARDWARE),
                         help="forwards: also the width rule on HW's pass costs as sbd_jax.roofline models them")
     parser.add_argument("--no-chain", action="store_true", help="leave out chain lookup (measured already)")
