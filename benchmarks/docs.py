@@ -89,7 +89,7 @@ def shipped_headline(**where: object) -> Callable[[dict], tuple[str, str, str]]:
     """A row of the recipe's headline: its outputs against the base's NTP (its seconds are not compared: the base's
     NTP entry comes from another run's cache)."""
     def cells(data: dict) -> tuple[str, str, str]:
-        r = pick([r for r in data["rows"] if has(r, **where)], block_size=data["block_size"])
+        r = pick([r for r in data["rows"] if has(r, draft_memory=False, **where)], block_size=data["block_size"])
         return f"{r['tokens_per_forward']:.2f}", identical(r["agreement_with_ntp"] * r["n"], r["n"]), NOT_TIMED
     return cells
 

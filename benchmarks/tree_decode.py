@@ -29,7 +29,7 @@ import sys
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Mode
 from sbd_jax.evaluation.results import write_json
-from sbd_jax.roofline import HARDWARE
+from sbd_jax.roofline import HARDWARE, lookup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARTS = ("validation", "forwards", "speed")
@@ -72,7 +72,7 @@ def validation_rows(model, args) -> list[dict]:
     for name, s in candidates(args.depth, 128, args.nodes, args.sources, chain=not args.no_chain,
                               memory=args.draft_memory):
         results, _ = decode(model, s, prompts, args.batch)
-        rows.append({"decoder": name, "prompts": len(prompts), **summary(results)})
+        rows.append({"decoder": name, "draft_memory": s.draft_memory, "prompts": len(prompts), **summary(results)})
         print(rows[-1], flush=True)
     return rows
 
@@ -98,7 +98,8 @@ def forwards_rows(model, args, progress) -> list[dict]:
                              settings(Drafts.TREE, args.depth, 256, max(args.nodes), costs=costs)))
         for name, s in deciders:
             results, _ = decode(model, s, prompts, args.batch)
-            rows.append({"split": split, "decoder": name, "prompts": len(prompts), **summary(results),
+            rows.append({"split": split, "decoder": name, "draft_memory": s.draft_memory, "prompts": len(prompts),
+                         **summary(results),
                          "identical_to_committed_ntp": sum(r.token_ids == o for r, o in zip(results, reference)),
                          **({"pass_costs": s.pass_costs} if s.pass_costs else {})})
             print(rows[-1], flush=True)
@@ -155,6 +156,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--out", default=None, help="default benchmarks/results/tree_decode_{part}_cpu.json")
     args = parser.parse_args(argv)
+    if args.modeled_costs:  # before the slow parts: the roofline must know the model
+        if "forwards" not in args.parts:
+            parser.error("--modeled-costs adds a row to the forwards part: add --parts forwards")
+        lookup(args.modeled_costs, args.model)
     from sbd_jax.api import load
 
     model = load(args.model)

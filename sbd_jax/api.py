@@ -34,14 +34,16 @@ class SBDModel:
 
     Compiled decoders are kept (the `capacity` most recent shapes), so repeated calls with the same
     settings and prompt bucket do not compile again; `last_timing` holds the last call's compile,
-    prefill and decode seconds. Settings with `draft_memory` carry their source's memory from call to call."""
+    prefill and decode seconds. Settings with `draft_memory` carry their source's memory from call to call
+    (`draft_memories`; `draft_memories.clear()` starts afresh)."""
 
     def __init__(self, config: Any, params: Any, tokenizer: Any, capacity: int = 16):
         self.config, self.tokenizer = config, tokenizer
         self.params = jax.device_put(params)
         self.executables = Executables(capacity)
         self.last_timing: BatchTiming | None = None
-        self.draft_memories: dict[Any, DraftMemory] = {}  # settings with draft_memory: one per draft source
+        # settings with draft_memory: one per (draft source, block size), carried from call to call; clear() resets
+        self.draft_memories: dict[Any, DraftMemory] = {}
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         """Token ids of a prompt: raw text, or one user turn through the model's chat template."""

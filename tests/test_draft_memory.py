@@ -1,6 +1,8 @@
 """A draft source's memory across calls (`draft_memory`: the model's successor table, Token Recycling's hot start):
 the next call starts from the last call's table, outputs stay NTP's, and only sources that keep one accept it."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from sbd_jax.decoding.settings import Settings
 from sbd_jax.decoding.verified import VerifiedSBDDecoder
 from sbd_jax.errors import UserError
 from sbd_jax.evaluation.recorded import has, record
+from sbd_jax.model.transformer import init_params
 from tests.test_api import SHIPPED
 from tests.test_tree import CFG, PROMPTS, SOURCES, params
 
@@ -38,11 +41,36 @@ def test_the_next_call_starts_from_the_last_calls_successor_table(name):
     after_first = jax.tree.map(np.asarray, table(kept.state))
     second = generate(decoder, params(), PROMPTS[2:], memory=kept)[0]
     alone = generate(decoder, params(), PROMPTS[2:], memory=fresh)[0]
-    assert [g.token_ids for g in first + second] == ntp_outputs(PROMPTS)
-    assert [g.token_ids for g in alone] == [g.token_ids for g in second]
+    assert [g.token_ids for g in first + second + alone] == ntp_outputs(PROMPTS) + ntp_outputs(PROMPTS[2:])
     # rows are never cleared: the first call's rows that the second call alone does not run are still there
     assert rows_run(after_first) - rows_run(table(fresh.state))
     assert rows_run(table(kept.state)) >= rows_run(after_first)
+
+
+def test_a_kept_table_gives_the_first_passes_candidates_that_an_empty_one_lacks():
+    def decoder(new):
+        return VerifiedSBDDecoder(CFG, new, eos_ids=CFG.eos_token_ids, block_size=5, drafts=SOURCES["successors"],
+                                  draft_nodes=6, draft_memory=True)
+
+    warm = DraftMemory()
+    generate(decoder(NEW), params(), PROMPTS, memory=warm)
+    cold_run = generate(decoder(2), params(), PROMPTS, memory=DraftMemory())[0]
+    warm_run = generate(decoder(2), params(), PROMPTS, memory=warm)[0]
+    assert [g.token_ids for g in warm_run] == [g.token_ids for g in cold_run] == [o[:2] for o in ntp_outputs(PROMPTS)]
+    assert sum(g.drafted for g in warm_run) > sum(g.drafted for g in cold_run)
+
+
+def test_a_memory_kept_for_another_source_or_model_is_refused():
+    memory = DraftMemory()
+    generate(VerifiedSBDDecoder(CFG, 4, block_size=5, drafts=SOURCES["successors"], draft_memory=True), params(),
+             PROMPTS[:1], memory=memory)
+    with pytest.raises(UserError, match="another model or draft source"):
+        generate(VerifiedSBDDecoder(CFG, 4, block_size=5, drafts=SOURCES["mixed"], draft_memory=True), params(),
+                 PROMPTS[:1], memory=memory)
+    wider = dataclasses.replace(CFG, vocab_size=96)
+    with pytest.raises(UserError, match="another model or draft source"):
+        generate(VerifiedSBDDecoder(wider, 4, block_size=5, drafts=SOURCES["successors"], draft_memory=True),
+                 init_params(wider, seed=0), PROMPTS[:1], memory=memory)
 
 
 def test_a_dataset_carries_the_memory_from_batch_to_batch_and_a_decoder_without_it_starts_empty():
@@ -68,6 +96,10 @@ def test_only_sources_that_keep_a_memory_take_draft_memory_and_results_record_it
             Settings.verified(5, draft_memory=True, **options)
     with pytest.raises(UserError, match="draft_memory"):
         Settings.ntp(draft_memory=True)
+    with pytest.raises(UserError, match="greedy"):  # calls at one seed would draw with the same keys
+        Settings.verified(5, "tree", draft_memory=True, temperature=0.7)
+    with pytest.raises(UserError, match="draft_memory"):
+        Settings.verified(5, "tree", draft_memory="no")
     with pytest.raises(UserError, match="draft_memory"):
         VerifiedSBDDecoder(CFG, NEW, block_size=5, drafts=SOURCES["context"], draft_memory=True)
     kept = Settings.verified(5, "tree", draft_memory=True)
@@ -75,14 +107,15 @@ def test_only_sources_that_keep_a_memory_take_draft_memory_and_results_record_it
     assert has(record(Settings.verified(5, "tree")), draft_memory=False) and has(record(kept), draft_memory=True)
 
 
-def test_the_api_keeps_one_memory_per_draft_source_across_calls():
+def test_the_api_carries_the_memory_from_call_to_call_until_it_is_cleared():
     model = sbd_jax.load(SHIPPED)
-    settings = Settings.verified(8, "tree", draft_memory=True, max_new_tokens=32)
-    ntp = model.generate("c5b7a2+b8a6", chat=True, max_new_tokens=32)
-    (first,) = model.generate("c5b7a2+b8a6", settings, chat=True)
-    table = model.draft_memories[(settings.drafts, settings.block_size)].state
-    (again,) = model.generate("c5b7a2+b8a6", settings, chat=True)
-    assert first.token_ids == again.token_ids == ntp[0].token_ids
-    assert model.draft_memories[(settings.drafts, settings.block_size)].state is not table  # carried on
-    model.generate("c5b7a2+b8a6", Settings.verified(8, "tree", max_new_tokens=32), chat=True)
+    prompt, short = "c5b7a2+b8a6", Settings.verified(8, "tree", draft_memory=True, max_new_tokens=2)
+    (ntp,) = model.generate(prompt, chat=True, max_new_tokens=32)
+    model.generate(prompt, dataclasses.replace(short, max_new_tokens=32), chat=True)  # fills the table
+    (warm,) = model.generate(prompt, short, chat=True)
+    assert list(model.draft_memories) == [(short.drafts, short.block_size)]
+    model.draft_memories.clear()  # the reset
+    (cold,) = model.generate(prompt, short, chat=True)
+    assert warm.token_ids == cold.token_ids == ntp.token_ids[:2] and warm.drafted > cold.drafted
+    model.generate(prompt, Settings.verified(8, "tree", max_new_tokens=2), chat=True)
     assert len(model.draft_memories) == 1  # without draft_memory nothing is kept

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from sbd_jax.choice import Choice
+from sbd_jax.decoding.base import GREEDY_BELOW, check_flag
 from sbd_jax.decoding.chain_drafts import Hybrid, Lookup, SBDBlock
 from sbd_jax.decoding.context_drafts import ContextTrie, Mixed, Successors
 from sbd_jax.decoding.lookup import MAX_NGRAM
@@ -101,3 +102,17 @@ def check_fallback_blocks(fallback_blocks: int, drafts: Drafts) -> None:
     if fallback_blocks and not drafts.reads_masked_block:
         raise UserError("fallback_blocks (--fallback-blocks) are masked blocks of SBD's drafts: use them with drafts "
                         f"{', '.join(repr(d.value) for d in Drafts if d.reads_masked_block)} (--drafts), or drop them")
+
+
+def check_draft_memory(draft_memory: bool, keeps_memory: bool, temperature: float) -> None:
+    """Raises UserError unless `draft_memory` is a bool, and False unless the drafts keep the model's successors
+    (`keeps_memory`, verified decoding) and decoding is greedy."""
+    check_flag("draft_memory", draft_memory)
+    if draft_memory and not keeps_memory:
+        raise UserError("draft_memory (--draft-memory) keeps the model's successors across calls: use it with "
+                        f"--mode sbd --verify and drafts {', '.join(d.value for d in Drafts if d.keeps_memory)} "
+                        "(--drafts)")
+    if draft_memory and temperature >= GREEDY_BELOW:  # calls at one seed draw with the same keys
+        raise UserError("draft_memory (--draft-memory) is for greedy decoding: a table kept from an earlier sampled "
+                        "call can depend on the very draws of this one (same seed), which sampled verification "
+                        "must not; drop --temperature or --draft-memory")

@@ -113,9 +113,25 @@ def batch_seed(seed: int, batch: int) -> int:
 class DraftMemory:
     """What a draft source keeps across `generate` calls (`VerifiedSBDDecoder.draft_memory`: the model's successor
     table), on the device: None until a call fills it. Hold one across calls to carry it (`generate_batched`
-    holds one for a dataset's batches, `SBDModel` one per draft source)."""
+    holds one for a dataset's batches, `SBDModel` one per draft source and block size). `generate` compiles one
+    decode for a first call and later ones (a direct `decode` call without a memory traces another)."""
 
     state: Any = None
+
+
+def remembered_by(decoder: Decoder, memory: DraftMemory | None) -> DraftMemory | None:
+    """The memory `decoder`'s draft source starts from (`memory`, filled with a fresh one where empty), or None
+    where it keeps none; UserError where `memory` was kept for another model or draft source."""
+    shape = jax.eval_shape(decoder.fresh_memory)  # nothing allocated
+    if shape is None:
+        return None
+    kept = DraftMemory() if memory is None else memory
+    if kept.state is None:
+        kept.state = decoder.fresh_memory()
+    elif jax.tree.map(lambda x: (x.shape, x.dtype), kept.state) != jax.tree.map(lambda x: (x.shape, x.dtype), shape):
+        raise UserError("this DraftMemory was kept for another model or draft source: give each one its own "
+                        "(a fresh DraftMemory())")
+    return kept
 
 
 class Executables:
@@ -160,10 +176,7 @@ def generate(decoder: Decoder, params: Any, prompts: Sequence[Sequence[int]], se
     tokens, lengths, capacity = pad_prompts(prompts, decoder.max_new_tokens, decoder.output_len, max_cache_len,
                                             decoder.config, decoder.output_label, pad_to)
     prefill_args = (params, jnp.asarray(tokens), jnp.asarray(lengths))
-    fresh = decoder.fresh_memory()
-    kept = None if fresh is None else DraftMemory() if memory is None else memory
-    if kept is not None and kept.state is None:
-        kept.state = fresh
+    kept = remembered_by(decoder, memory)
     remembered = () if kept is None else (kept.state,)  # one compiled decode for a first call and later ones
     start = time.perf_counter()
     prefill_fn = type(decoder).prefill

@@ -18,7 +18,13 @@ from sbd_jax.decoding.base import (
     check_whole_number,
     is_finite_number,
 )
-from sbd_jax.decoding.drafts import Drafts, check_fallback_blocks, check_lookup_min_match, draft_source
+from sbd_jax.decoding.drafts import (
+    Drafts,
+    check_draft_memory,
+    check_fallback_blocks,
+    check_lookup_min_match,
+    draft_source,
+)
 from sbd_jax.decoding.sbd import SBDDecoder
 from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES, VerifiedSBDDecoder, check_pass_widths
@@ -80,10 +86,7 @@ class Settings:
             if not is_finite_number(seconds) or seconds <= 0:
                 raise UserError(f"pass_costs seconds={seconds!r} must be a positive number")
         check_pass_widths(tuple(w for w, _ in self.pass_costs), self.draft_nodes)
-        check_flag("draft_memory", self.draft_memory)
-        if self.draft_memory and not (self.verify and self.drafts.keeps_memory):
-            raise UserError("draft_memory (--draft-memory) keeps the model's successors across calls: use it with "
-                            f"verify and drafts {', '.join(d.value for d in Drafts if d.keeps_memory)} (--drafts)")
+        check_draft_memory(self.draft_memory, self.verify and self.drafts.keeps_memory, self.temperature)
         if self.drafts != Drafts.SBD and not self.verify:
             raise UserError(f"drafts {self.drafts.value!r} (--drafts) are proposals for verification: add verify "
                             "(--mode sbd --verify)")

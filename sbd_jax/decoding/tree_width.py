@@ -16,7 +16,7 @@ from sbd_jax.model.config import WithWeights
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # pass widths (the exact token and candidates) compiled and timed
 
 
-def pass_widths(draft_nodes: int) -> list[int]:
+def timed_widths(draft_nodes: int) -> list[int]:
     """The widths a curve has for trees of `draft_nodes`: `WIDTHS` up to it, and the full pass."""
     return sorted({w for w in WIDTHS if w <= draft_nodes} | {1 + draft_nodes})
 
@@ -26,7 +26,7 @@ def measure_pass_costs(model: WithWeights, prompts: Sequence[Sequence[int]], bat
     """`(width, seconds)` of one bare forward at each width up to 1 + `draft_nodes`, at `batch` rows, halfway
     through decoding these prompts (`Settings.pass_costs`)."""
     context = max(map(len, prompts)) + max_new_tokens // 2
-    return tuple((w, forward_seconds(model, batch, w, context, calls)) for w in pass_widths(draft_nodes))
+    return tuple((w, forward_seconds(model, batch, w, context, calls)) for w in timed_widths(draft_nodes))
 
 
 def modeled_pass_costs(hardware: str, model: str, batch: int, draft_nodes: int,
@@ -35,4 +35,4 @@ def modeled_pass_costs(hardware: str, model: str, batch: int, draft_nodes: int,
     (e.g. "h100-bf16") and `model` (a name it knows, or a config.json) at `batch` rows and `context` cached
     tokens: modeled, not measured (UserError for an unknown hardware or model)."""
     hw, shape = roofline.lookup(hardware, model)
-    return tuple((w, roofline.forward_time(hw, shape, batch, w, context)) for w in pass_widths(draft_nodes))
+    return tuple((w, roofline.forward_time(hw, shape, batch, w, context)) for w in timed_widths(draft_nodes))

@@ -14,7 +14,13 @@ from flax import struct
 
 from sbd_jax.decoding import tree as trees
 from sbd_jax.decoding.base import DecodeOutput, TracedSettings, check_whole_number, kept_through_eos
-from sbd_jax.decoding.drafts import Drafts, check_fallback_blocks, check_lookup_min_match, draft_source
+from sbd_jax.decoding.drafts import (
+    Drafts,
+    check_draft_memory,
+    check_fallback_blocks,
+    check_lookup_min_match,
+    draft_source,
+)
 from sbd_jax.decoding.sbd import BlockDecoder
 from sbd_jax.decoding.token_choice import draw, point_mass, sampling_logits, speculative_accept, without_token
 from sbd_jax.errors import UserError
@@ -109,10 +115,7 @@ class VerifiedSBDDecoder(BlockDecoder):
             raise UserError("a source with masked blocks runs every pass at full width: give it no pass widths")
         if len(self.costs) != len(self.widths):
             raise UserError(f"give one cost per pass width (widths {self.widths}, costs {self.costs})")
-        if self.draft_memory and not self.source.keeps_memory:
-            raise UserError(f"draft_memory (--draft-memory) keeps the model's successors across calls: drafts "
-                            f"{self.source_name!r} keep none; use drafts "
-                            f"{', '.join(d.value for d in Drafts if d.keeps_memory)}")
+        check_draft_memory(self.draft_memory, self.source.keeps_memory, self.temperature)
 
     @property
     def source(self) -> Any:
@@ -120,11 +123,6 @@ class VerifiedSBDDecoder(BlockDecoder):
         if isinstance(self.drafts, Drafts):
             return self.drafts.source(self.block_size, self.lookup_min_match, self.fallback_blocks)
         return self.drafts
-
-    @property
-    def source_name(self) -> str:
-        """The draft source's `Drafts` name, or its class's for a source object."""
-        return self.drafts.value if isinstance(self.drafts, Drafts) else type(self.drafts).__name__
 
     @property
     def nodes(self) -> int:
@@ -142,7 +140,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     def needs_mask_token(self) -> str | None:
         if not self.source.blocks:
             return None
-        name = self.source_name
+        name = self.drafts.value if isinstance(self.drafts, Drafts) else type(self.drafts).__name__
         return (f"drafts {name!r} (--drafts {name}) come from the masked block: this model has no mask token "
                 "configured; use --drafts lookup (any model), fine-tune it with train.py (which sets one) or pass "
                 "--mask-token-id")
