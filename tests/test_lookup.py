@@ -69,7 +69,7 @@ def test_lookup_and_hybrid_output_equals_greedy_ntp(name, drafts, k, min_match):
 class AlwaysWide(VerifiedSBDDecoder):
     """Runs every pass k tokens wide, drafts or not."""
 
-    def width_choice(self, tree, live_B):
+    def width_choice(self, tree, live_B, calibration):
         return jnp.int32(len(self.pass_widths) - 1)
 
 

@@ -300,4 +300,7 @@ def test_the_width_rule_runs_every_candidate_on_a_gpus_modeled_costs_and_the_roo
     for costs, width in ((modeled, 8), (steep, 1)):  # 8: the narrowest that holds the root and all 4 nodes
         decoder = VerifiedSBDDecoder(CFG, 8, block_size=5, drafts=SOURCES["mixed"], draft_nodes=16,
                                      widths=tuple(w for w, _ in costs), costs=tuple(s for _, s in costs))
-        assert decoder.pass_widths[int(decoder.width_choice(tree, jnp.ones((1,), bool)))] == width
+        assert decoder.pass_widths[int(decoder.width_choice(tree, jnp.ones((1,), bool), 1.0))] == width
+        overconfident = 0.05  # calibrated: the scores predicted 20 times the tokens kept
+        assert decoder.pass_widths[int(decoder.width_choice(tree, jnp.ones((1,), bool), overconfident))] == (
+            1 if costs is steep else 4)

@@ -28,6 +28,9 @@ from sbd_jax.model.kv_cache import KVCache, append
 from sbd_jax.model.transformer import NewKV, Transformer, forward
 
 DEFAULT_DRAFT_NODES = 16
+# Kept tokens the width rule's calibration starts with, as if the scores had predicted them exactly: until passes
+# have kept a few tokens the scores are trusted as they are.
+CALIBRATION_PRIOR = 4.0
 
 
 def check_pass_widths(widths: tuple[int, ...], draft_nodes: int) -> None:
@@ -51,6 +54,7 @@ class _State(struct.PyTreeNode):
     lookup_drafted: jax.Array  # [B] of the drafted, those the context proposed
     lookup_accepted: jax.Array  # [B] of those, kept
     narrow_passes: jax.Array  # [B] passes run as the root alone (no row had a candidate worth a node)
+    expected: jax.Array  # () the scores of the nodes run in live rows: what the width rule expected them to keep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +74,8 @@ class VerifiedSBDDecoder(BlockDecoder):
     `widths` are the pass widths compiled (root included; the candidates' best first so many), `costs` the seconds
     of a forward at each (measured once per model and machine: `sbd_jax.decoding.tree_width`): each pass takes the
     width with the most expected tokens per second over the live rows, a node's score being its estimated chance
-    to be kept. Without costs a pass runs every node, or the root alone where no row has one (a wider pass costs
+    to be kept times the call's calibration so far: nodes kept over the scores of the nodes run (scores learnt in
+    other contexts over-predict: 18-27% of the nodes the rule ran were kept). Without costs a pass runs every node, or the root alone where no row has one (a wider pass costs
     more on a CPU: `benchmarks/forward_cost.py`). A source with masked blocks runs every pass at full width.
     Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
     shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
@@ -158,14 +163,14 @@ class VerifiedSBDDecoder(BlockDecoder):
             return None
         return self.source.remember(self.source.init(1, self.config.vocab_size, self.temperature > 0))
 
-    def width_choice(self, tree: trees.Tree, live_B: jax.Array) -> jax.Array:
-        """The index in `pass_widths` this pass runs (class docstring)."""
+    def width_choice(self, tree: trees.Tree, live_B: jax.Array, calibration: jax.Array) -> jax.Array:
+        """The index in `pass_widths` this pass runs (class docstring); `calibration` scales the scores."""
         widths = self.pass_widths
         if len(widths) == 1:
             return jnp.int32(0)
         if not self.costs:
             return jnp.where(jnp.any(tree.present & live_B[:, None]), len(widths) - 1, 0).astype(jnp.int32)
-        kept = jnp.cumsum(tree.scores, axis=1).sum(axis=0)  # [N]: first n + 1 nodes (a finished row has none)
+        kept = calibration * jnp.cumsum(tree.scores, axis=1).sum(axis=0)  # [N]: first n + 1 nodes (none if done)
         expected = jnp.stack([live_B.sum() + (kept[w - 2] if w > 1 else 0.0) for w in widths])
         return jnp.argmax(expected / jnp.asarray(self.costs)).astype(jnp.int32)
 
@@ -233,7 +238,8 @@ class VerifiedSBDDecoder(BlockDecoder):
             room = jnp.where(live, self.max_new_tokens - s.count - (0 if source.chain else 1), 0)
             candidates = source.candidates(s.source, s.history, length, room)
             tree = trees.before_eos(trees.build_tree(candidates, self.nodes), self._is_eos)
-            choice = self.width_choice(tree, live)
+            choice = self.width_choice(tree, live, (s.accepted.sum() + CALIBRATION_PRIOR) /
+                                       (s.expected + CALIBRATION_PRIOR))
             kept_nodes = jnp.asarray(self.pass_widths)[choice] - 1
             tree = tree.replace(scores=jnp.where(jnp.arange(self.nodes) < kept_nodes, tree.scores, 0.0))
             tree = tree.replace(from_context=tree.from_context & tree.present)
@@ -264,7 +270,8 @@ class VerifiedSBDDecoder(BlockDecoder):
                 nfe=nfe, count=count, done=done, drafted=s.drafted + tree.present.sum(axis=1), accepted=s.accepted + accepted,
                 lookup_drafted=s.lookup_drafted + tree.from_context.sum(axis=1),
                 lookup_accepted=s.lookup_accepted + (on_path & (j[:-1] < accepted[:, None])).sum(axis=1),
-                narrow_passes=s.narrow_passes + (live & (kept_nodes == 0) & (self.nodes > 0)))
+                narrow_passes=s.narrow_passes + (live & (kept_nodes == 0) & (self.nodes > 0)),
+                expected=s.expected + jnp.where(live[:, None], tree.scores, 0.0).sum())
 
         zeros = jnp.zeros((batch,), jnp.int32)
         source_state = source.init(batch, self.config.vocab_size, self.temperature > 0)
@@ -276,7 +283,7 @@ class VerifiedSBDDecoder(BlockDecoder):
                       source=source_state,
                       record=jnp.zeros((batch, self.output_len, 3), jnp.int32), nfe=zeros, count=zeros,
                       done=jnp.zeros((batch,), bool), drafted=zeros, accepted=zeros, lookup_drafted=zeros,
-                      lookup_accepted=zeros, narrow_passes=zeros)
+                      lookup_accepted=zeros, narrow_passes=zeros, expected=jnp.float32(0.0))
         final = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, init)
         return DecodeOutput(tokens=final.record[..., 0], num_tokens=final.count, nfe=final.nfe,
                             reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
