@@ -75,8 +75,9 @@ class VerifiedSBDDecoder(BlockDecoder):
     of a forward at each (measured once per model and machine: `sbd_jax.decoding.tree_width`): each pass takes the
     width with the most expected tokens per second over the live rows, a node's score being its estimated chance
     to be kept times the call's calibration so far: nodes kept over the scores of the nodes run (scores learnt in
-    other contexts over-predict: 18-27% of the nodes the rule ran were kept). Without costs a pass runs every node, or the root alone where no row has one (a wider pass costs
-    more on a CPU: `benchmarks/forward_cost.py`). A source with masked blocks runs every pass at full width.
+    other contexts over-predict: 18-27% of the nodes the rule ran were kept). Without costs a pass runs every
+    node, or the root alone where no row has one (a wider pass costs more on a CPU:
+    `benchmarks/forward_cost.py`). A source with masked blocks runs every pass at full width.
     Exact means in float32. In bf16 the verifying pass rounds differently from NTP's one-token pass (other
     shapes), so near-tied tokens can flip: measured as often as NTP flips them between batch sizes.
     """
