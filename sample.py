@@ -79,9 +79,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs more than a 1-token "
                    "one (benchmarks/results/lookup_decode_speed_run4_cpu.json); 1 (most tokens per forward) on GPUs")
     p.add_argument("--draft-memory", action="store_true",
-                   help="successors / tree / tree-sbd drafts: keep the model's successor table from batch to batch of "
-                   "a prompts file (Token Recycling's hot start) instead of starting each batch empty (one batch: "
-                   "no effect); greedy only; outputs are unchanged, forwards depend on the batches before")
+                   help="tree drafts (context-tree / successors / tree / tree-sbd): keep the model's successor table "
+                   "(Token Recycling's hot start) and the last 4,096 tokens of earlier answers, searched like the "
+                   "context (SuffixDecoding), from batch to batch of a prompts file instead of starting each batch "
+                   "empty (one batch: no effect); greedy only; outputs are unchanged, forwards depend on the batches "
+                   "before")
     p.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
                    help="sbd / hybrid / sbd-tree / tree-sbd drafts: N more masked blocks in each pass, one after each of the first N places "
                    "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "

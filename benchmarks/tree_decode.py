@@ -4,8 +4,8 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
     python -m benchmarks.tree_decode --parts validation      # settings are chosen here, on validation prompts
     python -m benchmarks.tree_decode --parts forwards        # test prompts and HumanEval: tokens per forward
     python -m benchmarks.tree_decode --parts speed           # tokens/s against NTP in one run (batch 1 and 8)
-    python -m benchmarks.tree_decode --parts forwards --modeled-costs h100-bf16 --nodes 64 --no-chain \
-        --sources                                            # the width rule on a GPU's modeled pass costs
+    python -m benchmarks.tree_decode --parts forwards --modeled-costs h100-bf16 --nodes 16 --no-chain \
+        --sources --draft-memory only                        # the width rule on a GPU's modeled pass costs
 
 - validation: the recipe's first `--valid` validation prompts, 128 new tokens, greedy: chain lookup and each
   tree source at several node counts (depth `--depth`), for choosing a source, a node count and the context
@@ -17,7 +17,9 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
 - speed: decode tokens/s at batch 1 (`--batch1-prompts` test prompts, one at a time) and batch 8 (16 prompts):
   NTP, chain lookup (block 8, shortest match 2: the chain's best at batch 1 on a CPU,
   `benchmarks/results/lookup_decode_speed_run4_cpu.json`) and the tree at fixed widths and with the width rule
-  on costs measured here (`sbd_jax.decoding.tree_width`).
+  on costs measured here (`sbd_jax.decoding.tree_width`); with `--draft-memory`, the width rule also with the
+  draft memory (the successor table and earlier answers) kept from prompt to prompt (batch 1) or batch to batch
+  (batch 8).
 """
 
 from __future__ import annotations
@@ -44,15 +46,23 @@ def settings(drafts: str, depth: int, max_new_tokens: int, nodes: int = 16, min_
                     draft_nodes=nodes, lookup_min_match=min_match, pass_costs=costs, draft_memory=memory)
 
 
+MEMORIES = {None: (False,), "also": (False, True), "only": (True,)}  # --draft-memory's value: the rows it runs
+
+
+def named(name: str, memory: bool) -> str:
+    return name + (", draft memory" if memory else "")
+
+
 def candidates(depth: int, max_new_tokens: int, nodes=NODES, sources=(Drafts.CONTEXT_TREE, Drafts.SUCCESSORS, Drafts.TREE),
-               chain: bool = True, memory: bool = False) -> list[tuple[str, object]]:
-    """(name, settings) of chain lookup and each tree source at each node count; with `memory`, each source that
-    keeps the model's successors also with `--draft-memory` (its table carried from batch to batch)."""
+               chain: bool = True, memories: tuple[bool, ...] = (False,)) -> list[tuple[str, object]]:
+    """(name, settings) of chain lookup and each tree source at each node count, for each of `memories`: with
+    True, a source that keeps a memory runs with `--draft-memory` (kept from batch to batch)."""
     rows = [("lookup chain", settings(Drafts.LOOKUP, depth, max_new_tokens))] if chain else []
     for drafts in map(Drafts, sources):
-        rows += [(f"{drafts.value} n={n}", settings(drafts, depth, max_new_tokens, n)) for n in nodes]
-        if memory and drafts.keeps_memory:
-            rows += [(f"{drafts.value} n={n}, draft memory", settings(drafts, depth, max_new_tokens, n, memory=True))
+        for memory in memories:
+            if memory and not drafts.keeps_memory:
+                continue  # a source without a memory (chains) runs once
+            rows += [(named(f"{drafts.value} n={n}", memory), settings(drafts, depth, max_new_tokens, n, memory=memory))
                      for n in nodes]
     return rows
 
@@ -70,7 +80,7 @@ def validation_rows(model, args) -> list[dict]:
     prompts = split_prompts(model.tokenizer, "valid", args.valid)
     rows = []
     for name, s in candidates(args.depth, 128, args.nodes, args.sources, chain=not args.no_chain,
-                              memory=args.draft_memory):
+                              memories=MEMORIES[args.draft_memory]):
         results, _ = decode(model, s, prompts, args.batch)
         rows.append({"decoder": name, "draft_memory": s.draft_memory, "prompts": len(prompts), **summary(results)})
         print(rows[-1], flush=True)
@@ -90,12 +100,13 @@ def forwards_rows(model, args, progress) -> list[dict]:
         reference = ntp_outputs(entries, "base", split)[: args.prompts]
         prompts = split_prompts(model.tokenizer, split, len(reference))
         deciders = candidates(args.depth, 256, args.nodes, args.sources, chain=not args.no_chain,
-                              memory=args.draft_memory)
+                              memories=MEMORIES[args.draft_memory])
         if args.modeled_costs:
             costs = modeled_pass_costs(args.modeled_costs, args.model, args.batch, max(args.nodes),
                                        max(map(len, prompts)) + 256 // 2)
-            deciders.append((f"tree, width rule on {args.modeled_costs}'s modeled costs",
-                             settings(Drafts.TREE, args.depth, 256, max(args.nodes), costs=costs)))
+            deciders += [(named(f"tree, width rule on {args.modeled_costs}'s modeled costs", memory),
+                          settings(Drafts.TREE, args.depth, 256, max(args.nodes), costs=costs, memory=memory))
+                         for memory in MEMORIES[args.draft_memory]]
         for name, s in deciders:
             results, _ = decode(model, s, prompts, args.batch)
             rows.append({"split": split, "decoder": name, "draft_memory": s.draft_memory, "prompts": len(prompts),
@@ -120,8 +131,9 @@ def speed_rows(model, args, progress) -> list[dict]:
         deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens)),
                     ("lookup chain k=8 min match 2", settings(Drafts.LOOKUP, 7, args.max_new_tokens, min_match=2))]
         deciders += [(f"tree n={m}", settings(Drafts.TREE, args.depth, args.max_new_tokens, m)) for m in args.nodes]
-        deciders += [("tree, width rule", settings(Drafts.TREE, args.depth, args.max_new_tokens, max(args.nodes),
-                                                   costs=costs))]
+        deciders += [(named("tree, width rule", memory), settings(Drafts.TREE, args.depth, args.max_new_tokens,
+                                                                   max(args.nodes), costs=costs, memory=memory))
+                     for memory in MEMORIES[args.draft_memory]]
         ntp_outputs = None
         for name, s in deciders:
             decode(model, s, test[:batch], batch)  # compile and warm apart from the timed run
@@ -145,8 +157,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--depth", type=int, default=7, help="tree depth (the chain's block size - 1)")
     parser.add_argument("--nodes", type=int, nargs="+", default=list(NODES), help="node counts to measure")
     parser.add_argument("--sources", nargs="*", default=["context-tree", "successors", "tree"])
-    parser.add_argument("--draft-memory", action="store_true",
-                        help="validation / forwards: each successor source also with its table kept batch to batch")
+    parser.add_argument("--draft-memory", nargs="?", const="also", choices=("also", "only"), default=None,
+                        help="each tree source (and the width rule) also (or only) with its draft memory kept "
+                             "from batch to batch")
     parser.add_argument("--modeled-costs", default=None, metavar="HW", choices=sorted(HARDWARE),
                         help="forwards: also the width rule on HW's pass costs as sbd_jax.roofline models them")
     parser.add_argument("--no-chain", action="store_true", help="leave out chain lookup (measured already)")

@@ -51,8 +51,12 @@ def test_h200_script_smoke(tmp_path):
         assert row["identical_to_ntp"] == row["prompts"] and row["forwards"] <= row["tokens"]
         assert row["tokens_per_second"] > 0 and row["vs_ntp"] > 0
         assert row["narrow_share"] == 0 if row["decoder"] == "ntp" else 0 <= row["narrow_share"] <= 1
+    tree = json.load(open(tmp_path / "smoke_tree_smollm2.json"))["speed"]
+    decoders = ["ntp", "lookup chain k=8 min match 2", "tree n=4", "tree, width rule", "tree, width rule, draft memory"]
+    assert [(r["batch"], r["decoder"]) for r in tree] == [(b, d) for b in (1, 8) for d in decoders]
+    assert all(r["identical_to_ntp"] == r["prompts"] and r["forwards"] <= r["tokens"] for r in tree)
     log = (tmp_path / "smoke_log.txt").read_text()
-    assert "stage preflight: exit 0" in log and "stage sbd: exit 0" in log and "stage lookup: exit 0" in log
+    assert all(f"stage {name}: exit 0" in log for name in ("preflight", "sbd", "lookup", "tree"))
 
 def test_a_run_cut_short_keeps_valid_partial_results(tmp_path):
     """Killed once the preflight's result exists (a fixed time limit raced the whole run on a free CPU)."""

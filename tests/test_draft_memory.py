@@ -1,5 +1,6 @@
-"""A draft source's memory across calls (`draft_memory`: the model's successor table, Token Recycling's hot start):
-the next call starts from the last call's table, outputs stay NTP's, and only sources that keep one accept it."""
+"""A draft source's memory across calls (`draft_memory`: the model's successor table, Token Recycling's hot start,
+and the context trie's earlier answers, SuffixDecoding's): the next call starts from the last call's, outputs stay
+NTP's, and only sources that keep one accept it."""
 
 import dataclasses
 
@@ -8,7 +9,10 @@ import numpy as np
 import pytest
 
 import sbd_jax
+import jax.numpy as jnp
+
 from sbd_jax.decoding.base import NTPDecoder
+from sbd_jax.decoding.context_drafts import SEPARATOR, ContextTrie
 from sbd_jax.decoding.generate import DraftMemory, generate, generate_batched
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.decoding.verified import VerifiedSBDDecoder
@@ -91,7 +95,7 @@ def test_a_dataset_carries_the_memory_from_batch_to_batch_and_a_decoder_without_
 
 
 def test_only_sources_that_keep_a_memory_take_draft_memory_and_results_record_it():
-    for options in (dict(drafts="lookup"), dict(drafts="sbd-tree"), dict(drafts="context-tree")):
+    for options in (dict(drafts="lookup"), dict(drafts="sbd-tree"), dict(drafts="hybrid")):
         with pytest.raises(UserError, match="draft_memory"):
             Settings.verified(5, draft_memory=True, **options)
     with pytest.raises(UserError, match="draft_memory"):
@@ -102,6 +106,7 @@ def test_only_sources_that_keep_a_memory_take_draft_memory_and_results_record_it
         Settings.verified(5, "tree", draft_memory="no")
     with pytest.raises(UserError, match="draft_memory"):
         VerifiedSBDDecoder(CFG, NEW, block_size=5, drafts=SOURCES["context"], draft_memory=True)
+    assert Settings.verified(5, "context-tree", draft_memory=True).draft_memory  # its earlier answers
     kept = Settings.verified(5, "tree", draft_memory=True)
     assert record(kept)["draft_memory"] is True and "draft_memory" not in record(Settings.verified(5, "tree"))
     assert has(record(Settings.verified(5, "tree")), draft_memory=False) and has(record(kept), draft_memory=True)
@@ -119,3 +124,48 @@ def test_the_api_carries_the_memory_from_call_to_call_until_it_is_cleared():
     assert warm.token_ids == cold.token_ids == ntp.token_ids[:2] and warm.drafted > cold.drafted
     model.generate(prompt, Settings.verified(8, "tree", max_new_tokens=2), chat=True)
     assert len(model.draft_memories) == 1  # without draft_memory nothing is kept
+
+
+def test_a_context_trie_remembers_the_latest_answers_each_ended_by_a_separator():
+    trie, S = ContextTrie(depth=3, answers=8), SEPARATOR
+    memory = trie.remember(trie.init(2, 64, False), jnp.asarray([[1, 2, 3, 0], [4, 5, 0, 0]]), jnp.asarray([3, 2]))
+    assert memory.tolist() == [S, 1, 2, 3, S, 4, 5, S]  # each row's first `count` tokens, then a separator
+    memory = trie.remember(memory, jnp.asarray([[7, 8, 9]]), jnp.asarray([2]))
+    assert memory.tolist() == [3, S, 4, 5, S, 7, 8, S]  # the oldest tokens leave
+    assert trie.remember(memory, jnp.zeros((1, 0), jnp.int32), jnp.zeros((1,), jnp.int32)).tolist() == \
+        [S, 4, 5, S, 7, 8, S, S]  # an empty answer leaves its separator
+
+
+def test_a_context_trie_drafts_an_earlier_answers_continuation_up_to_its_end_after_the_contexts_matches():
+    trie, S = ContextTrie(depth=4, answers=8), SEPARATOR
+    memory = jnp.asarray([S, S, 5, 6, 7, 8, S, S], jnp.int32)
+    history, length, room = jnp.asarray([[9, 5, 0, 0]]), jnp.asarray([2]), jnp.asarray([4])
+    found = trie.candidates(memory, history, length, room)
+    kept = [(p[:d].tolist(), float(c)) for p, d, c in zip(found.paths[0], found.depths[0], found.scores[0]) if c > 0]
+    assert sorted(p for p, _ in kept) == [[6], [6, 7], [6, 7, 8]]  # not past the answer's separator
+    assert not any(c > 0 for c in ContextTrie(depth=4).candidates((), history, length, room).scores[0])  # no memory
+    # the context's own match (5 -> 1) is later, so it comes first; both are drafted
+    both = trie.candidates(memory, jnp.asarray([[5, 1, 9, 5, 0]]), jnp.asarray([4]), room)
+    firsts = {int(p[0]) for p, d, c in zip(both.paths[0], both.depths[0], both.scores[0]) if c > 0 and d == 1}
+    assert firsts == {1, 6}
+    # a suffix never reaches back into the memory: a one-token row's match is its token alone, not the separator
+    # before it too (which would keep only the match after a separator)
+    lone = trie.candidates(jnp.asarray([4, 6, 7, S, 6, 1, S, S], jnp.int32), jnp.asarray([[6, 0]]), jnp.asarray([1]), room)
+    assert {tuple(p[:d].tolist()) for p, d, c in zip(lone.paths[0], lone.depths[0], lone.scores[0]) if c > 0} == \
+        {(7,), (1,)}
+
+
+def test_a_repeated_prompt_is_drafted_from_the_remembered_answer_and_still_gives_ntps_output():
+    def decoder(draft_memory):
+        return VerifiedSBDDecoder(CFG, NEW, eos_ids=CFG.eos_token_ids, block_size=5, drafts="context-tree",
+                                  draft_nodes=6, draft_memory=draft_memory)
+
+    memory = DraftMemory()
+    first = generate(decoder(True), params(), PROMPTS, memory=memory)[0]
+    again = generate(decoder(True), params(), PROMPTS, memory=memory)[0]
+    cold = generate(decoder(False), params(), PROMPTS)[0]
+    assert [g.token_ids for g in first] == [g.token_ids for g in again] == [g.token_ids for g in cold] == \
+        ntp_outputs(PROMPTS)
+    assert [g.nfe for g in first] == [g.nfe for g in cold]  # the first call's memory is empty
+    # every answer is in the memory now: the repeated prompts take fewer forwards
+    assert sum(g.nfe for g in again) < sum(g.nfe for g in cold)

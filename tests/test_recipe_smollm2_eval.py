@@ -152,6 +152,10 @@ def test_the_headline_compares_every_row_with_the_base_models_ntp():
     fallback = measure(FakeEvaluations(), "test", 8, adapter=True, fallback_blocks=7)  # their own rows, last
     assert [describe(r) for r in fallback][6:] == ["verified, hybrid drafts, 7 fallback blocks",
                                                    "verified SBD, 7 fallback blocks"]
+    memory = measure(FakeEvaluations(), "test", 8, adapter=True, draft_memory=True)  # tree-sbd's twin, after it
+    assert [describe(r) for r in memory][3:5] == ["verified, tree-sbd drafts", "verified, tree-sbd drafts, draft memory"]
+    assert memory[4]["draft_memory"] and "draft_memory" not in memory[3]  # rows stay apart for the README's picks
+    assert len(memory) == len(adapter) + 1
 
 
 def test_plain_sbd_chooses_gamma_on_validation_then_measures_it_on_test_against_ntp():

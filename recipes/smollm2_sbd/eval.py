@@ -39,7 +39,7 @@ from recipes.smollm2_sbd.inputs import (
 )
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Mode, Settings
-from sbd_jax.evaluation.recorded import FIELDS, cache_key, describe, record
+from sbd_jax.evaluation.recorded import FIELDS, OPTIONAL, cache_key, describe, record
 from sbd_jax.evaluation.scoring import first_difference
 
 BLOCK_SIZES = (4, 8, 16)
@@ -90,6 +90,7 @@ def summary(entry: dict, reference: dict | None) -> dict:
     """An entry's numbers; `reference`: the same model's NTP entry on the same prompts."""
     tokens, nfe = sum(map(len, entry["outputs"])), sum(entry["nfe"])
     out = {k: entry[k] for k in ("model", *FIELDS, "split", "n", "seconds")}
+    out.update({k: entry[k] for k in OPTIONAL if k in entry})  # so rows of another width or memory stay apart
     out.update(tokens_per_forward=tokens / max(nfe, 1), mean_tokens=tokens / max(entry["n"], 1),
                accepted_fraction=entry["accepted"] / entry["drafted"] if entry["drafted"] else None,
                # loops make blocks easy: a setting that loops more gets more tokens per forward for it

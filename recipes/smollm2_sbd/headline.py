@@ -17,6 +17,7 @@ Writes `headline_SPLIT.json` beside the cache.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Callable, Sequence
@@ -30,16 +31,22 @@ from sbd_jax.evaluation.recorded import describe
 from sbd_jax.evaluation.results import provenance, write_json
 
 
-def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple[str, Settings]]:
+def rows(block_size: int, adapter: bool, fallback_blocks: int = 0,
+         draft_memory: bool = False) -> list[tuple[str, Settings]]:
     """(model, setting) in the order measured after the base model's NTP (the reference): SBD's block as a chain,
     the base's lookup (often cached already), every source in one tree (`tree-sbd`), hybrid, SBD's block as a
     tree. An adapter's NTP (and so its lookup
     row) is the base's exactly: lookup drafts depend on the context alone, so on the same outputs they are
     accepted the same. With `fallback_blocks`, hybrid and SBD drafts with them come last (hybrid first: the rows
-    are cached one by one, and hybrid is the one to compare with lookup)."""
+    are cached one by one, and hybrid is the one to compare with lookup). With `draft_memory`, right after
+    `tree-sbd`, `tree-sbd` with its draft memory (the model's successors, earlier answers) kept from batch to
+    batch (`--draft-memory`)."""
+    tree_sbd = Settings.verified(block_size, Drafts.TREE_SBD)
     out = [("tuned", Settings.verified(block_size)), ("base", Settings.verified(block_size, Drafts.LOOKUP)),
-           ("tuned", Settings.verified(block_size, Drafts.TREE_SBD)), ("tuned", Settings.verified(block_size, Drafts.HYBRID)),
-           ("tuned", Settings.verified(block_size, Drafts.SBD_TREE))]
+           ("tuned", tree_sbd)]
+    if draft_memory:
+        out.append(("tuned", dataclasses.replace(tree_sbd, draft_memory=True)))
+    out += [("tuned", Settings.verified(block_size, Drafts.HYBRID)), ("tuned", Settings.verified(block_size, Drafts.SBD_TREE))]
     if not adapter:
         out += [("tuned", Settings.ntp()), ("tuned", Settings.verified(block_size, Drafts.LOOKUP))]
     if fallback_blocks:
@@ -49,12 +56,13 @@ def rows(block_size: int, adapter: bool, fallback_blocks: int = 0) -> list[tuple
 
 
 def measure(evaluations: Evaluations, split: str, block_size: int, adapter: bool,
-            progress: Callable[[list[dict]], None] | None = None, fallback_blocks: int = 0) -> list[dict]:
+            progress: Callable[[list[dict]], None] | None = None, fallback_blocks: int = 0,
+            draft_memory: bool = False) -> list[dict]:
     """`rows`, each decoded (or read from the cache) and summarised against the base model's NTP outputs;
     `progress(rows so far)` after each."""
     base_ntp = evaluations.get("base", Settings.ntp(), split)
     table = [summary(base_ntp, base_ntp)]
-    for model, setting in rows(block_size, adapter, fallback_blocks):
+    for model, setting in rows(block_size, adapter, fallback_blocks, draft_memory):
         table.append(summary(evaluations.get(model, setting, split), base_ntp))
         if progress:
             progress(table)
@@ -68,6 +76,8 @@ def main(argv: Sequence[str]) -> None:
     parser.add_argument("--split", choices=("valid", "test", "humaneval"), default="test")
     parser.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
                         help="also SBD and hybrid drafts with N fallback blocks (sample.py --fallback-blocks)")
+    parser.add_argument("--draft-memory", action="store_true",
+                        help="also tree-sbd with its draft memory kept batch to batch (--draft-memory)")
     args = parser.parse_args(argv)
 
     models, split_prompts, adapter, _ = models_and_prompts(args, (args.split,), args.prompts)
@@ -85,7 +95,7 @@ def main(argv: Sequence[str]) -> None:
                     "split": args.split, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
                     "reference": "the base model's NTP outputs", "rows": table})
 
-    table = measure(evaluations, args.split, args.block_size, adapter, write, args.fallback_blocks)
+    table = measure(evaluations, args.split, args.block_size, adapter, write, args.fallback_blocks, args.draft_memory)
     print("| model | decoding | tokens/forward | accepted drafts | identical to base NTP |\n|---|---|---|---|---|")
     for r in table:
         accepted = "" if r["accepted_fraction"] is None else f"{r['accepted_fraction']:.1%}"

@@ -2,7 +2,9 @@
 
 - `ContextTrie`: every recent earlier occurrence of the context's longest matching suffix (not only the latest,
   as chain lookup takes), their continuations merged into a trie; a node's score is the share of occurrences
-  that continue through it times `CONTEXT_KEEP` per token.
+  that continue through it times `CONTEXT_KEEP` per token. With `draft_memory` it also searches the last
+  `ANSWER_MEMORY` tokens of earlier calls' answers (SuffixDecoding's tree of earlier outputs, arXiv 2411.04975,
+  bounded) with the context: the longest recurring suffix wins wherever it recurs.
 - `Successors`: the model's own top-k next tokens after every token it has run, harvested from every pass's
   logits (accepted nodes or not) and kept per token id, shared by the batch (Token Recycling, arXiv
   2408.08696); expanded from the root best-first, a node scored by the product of the kept probabilities.
@@ -30,37 +32,65 @@ SUCCESSORS_KEPT = 8  # successors harvested per pass token (Token Recycling keep
 # A context match's chance to be kept per token, before the share of matches that agree (one constant for
 # every depth; chosen by hand, to be fitted on validation prompts: `benchmarks/tree_decode.py`).
 CONTEXT_KEEP = 0.5
+ANSWER_MEMORY = 4096  # tokens of earlier answers a context trie with draft memory searches (16 KB as int32)
+SEPARATOR = -1  # ends each remembered answer: never a token, so no match or draft crosses it
 
 
 @dataclasses.dataclass(frozen=True)
 class ContextTrie:
     """Continuations of the `occurrences` latest earlier matches of the longest suffix (`min_match` ..
     `MAX_NGRAM` tokens) that recurs, `depth` tokens each (a match that runs into the end repeats with its
-    period, as chain lookup's); a node scores its share of the matches times `keep` per token."""
+    period, as chain lookup's); a node scores its share of the matches times `keep` per token. `answers` > 0:
+    the state is the last `answers` tokens of earlier calls' answers, each ended by `SEPARATOR`, kept across
+    calls (`remember`) and searched as if they came before the prompt: the longest suffix that recurs in either
+    is matched, and among the `occurrences` latest of its matches the context's come first."""
 
     depth: int
     occurrences: int = 8
     min_match: int = 1
     keep: float = CONTEXT_KEEP
+    answers: int = 0
     chain = False
     blocks = 0
     reads_context = True
-    keeps_memory = False
+
+    @property
+    def keeps_memory(self) -> bool:
+        return self.answers > 0
 
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
-        return ()
+        return jnp.full((self.answers,), SEPARATOR, jnp.int32)
+
+    def remember(self, state: Any, outputs_BT: jax.Array, count_B: jax.Array) -> Any:
+        """The last `answers` tokens of the memory followed by each row's answer (its first `count` tokens) and a
+        separator."""
+        batch, width = outputs_BT.shape
+        j = jnp.arange(width + 1)
+        keep = (j < count_B[:, None]) | (j == width)  # the answer, then its separator
+        tokens = jnp.where(j < count_B[:, None], jnp.pad(outputs_BT, ((0, 0), (0, 1))), SEPARATOR).reshape(-1)
+        slots = jnp.where(keep.reshape(-1), jnp.cumsum(keep.reshape(-1)) - 1, tokens.shape[0])  # dropped: past the end
+        packed = jnp.zeros_like(tokens).at[slots].set(tokens, mode="drop")  # kept tokens first, in order
+        return jax.lax.dynamic_slice(jnp.concatenate([state, packed]), (keep.sum(),), (self.answers,))
+
+    def recall(self, state: Any, memory: Any) -> Any:
+        return memory
 
     def candidates(self, state: Any, history_BW: jax.Array, length_B: jax.Array, room_B: jax.Array) -> Candidates:
+        if self.answers:  # the remembered answers before each row's context; they end with a separator
+            history_BW = jnp.concatenate([jnp.broadcast_to(state, (history_BW.shape[0], self.answers)), history_BW], 1)
+            length_B = length_B + self.answers
         batch, width = history_BW.shape
-        ends = match_ends(history_BW, length_B, min_match=self.min_match)
-        end, _ = jax.lax.top_k(jnp.where(ends, jnp.arange(width), -1), self.occurrences)  # [B, O] latest first
+        ends = match_ends(history_BW, length_B, min_match=self.min_match, start=self.answers)  # suffixes: the row's own
+        # [B, O] latest first (a history shorter than `occurrences` has fewer places)
+        end, _ = jax.lax.top_k(jnp.where(ends, jnp.arange(width), -1), min(self.occurrences, width))
         found = end >= 0
         d = jnp.arange(self.depth)
         cont = continuation(history_BW, end, length_B, self.depth)  # [B, O, D]
         # share[o, d]: occurrences whose first d + 1 tokens equal occurrence o's
         same = jnp.cumprod(cont[:, :, None, :] == cont[:, None, :, :], axis=-1) & found[:, None, :, None]
         share = same.sum(axis=2) / jnp.maximum(found.sum(axis=1), 1)[:, None, None]
-        scores = jnp.where(found[:, :, None] & (d < room_B[:, None, None]), share * self.keep ** (d + 1), 0.0)
+        real = jnp.cumprod(cont != SEPARATOR, axis=-1).astype(bool)  # a remembered answer's continuation stops at its end
+        scores = jnp.where(found[:, :, None] & real & (d < room_B[:, None, None]), share * self.keep ** (d + 1), 0.0)
         occurrences = cont.shape[1]
         paths = jnp.broadcast_to(cont[:, :, None, :], (batch, occurrences, self.depth, self.depth))
         return Candidates(paths=paths.reshape(batch, -1, self.depth),
@@ -86,7 +116,7 @@ class Successors:
     def init(self, batch: int, vocab: int, sampling: bool) -> Any:
         return (jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.int32), jnp.zeros((vocab, SUCCESSORS_KEPT), jnp.float32))
 
-    def remember(self, state: Any) -> Any:
+    def remember(self, state: Any, outputs_BT: jax.Array, count_B: jax.Array) -> Any:
         return state
 
     def recall(self, state: Any, memory: Any) -> Any:
@@ -144,8 +174,9 @@ class Mixed:
     def keeps_memory(self) -> bool:
         return any(source.keeps_memory for source in self.sources)
 
-    def remember(self, state: Any) -> Any:
-        return tuple(source.remember(s) if source.keeps_memory else () for source, s in zip(self.sources, state))
+    def remember(self, state: Any, outputs_BT: jax.Array, count_B: jax.Array) -> Any:
+        return tuple(source.remember(s, outputs_BT, count_B) if source.keeps_memory else ()
+                     for source, s in zip(self.sources, state))
 
     def recall(self, state: Any, memory: Any) -> Any:
         return tuple(source.recall(s, m) if source.keeps_memory else s

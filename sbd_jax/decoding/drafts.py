@@ -10,9 +10,9 @@ holds the prompt and the emitted tokens (`history`) and asks the source, around 
 - `init(batch, vocab, sampling)`: its state before the first pass;
 - `candidates(state, history, length, room)`: `sbd_jax.decoding.tree.Candidates`, none deeper than `room`;
 - `observe(state, result)`: its state after a pass (`sbd_jax.decoding.tree.PassResult`);
-- `keeps_memory`: it can keep what it learnt across `generate` calls (`draft_memory`): `remember(state)`, the
-  batch-independent part kept after a call, and `recall(state, memory)`, the next call's state before its first
-  pass.
+- `keeps_memory`: it can keep what it learnt across `generate` calls (`draft_memory`): `remember(state, outputs,
+  count)`, the batch-independent part kept after a call (the call's answers given), and `recall(state, memory)`,
+  the next call's state before its first pass.
 Exactness needs only that a pass's candidates are fixed before its draws: a source reads what earlier passes
 produced, never the pass it proposes for (`sbd_jax.decoding.tree`). Sources: `sbd_jax.decoding.chain_drafts`
 (SBD's block, lookup, hybrid) and `sbd_jax.decoding.context_drafts` (trees of context matches and of the model's
@@ -26,7 +26,7 @@ from typing import Any
 from sbd_jax.choice import Choice
 from sbd_jax.decoding.base import GREEDY_BELOW, check_flag
 from sbd_jax.decoding.chain_drafts import Hybrid, Lookup, SBDBlock
-from sbd_jax.decoding.context_drafts import ContextTrie, Mixed, Successors
+from sbd_jax.decoding.context_drafts import ANSWER_MEMORY, ContextTrie, Mixed, Successors
 from sbd_jax.decoding.lookup import MAX_NGRAM
 from sbd_jax.errors import UserError
 
@@ -61,13 +61,16 @@ class Drafts(Choice):
 
     @property
     def keeps_memory(self) -> bool:
-        return self.source(2).keeps_memory
+        return self.source(2, memory=True).keeps_memory
 
-    def source(self, block_size: int, min_match: int = 1, fallback_blocks: int = 0) -> Any:
-        """The draft source of this name for blocks of `block_size` (nodes at most `block_size - 1` deep)."""
+    def source(self, block_size: int, min_match: int = 1, fallback_blocks: int = 0, memory: bool = False) -> Any:
+        """The draft source of this name for blocks of `block_size` (nodes at most `block_size - 1` deep);
+        `memory`: built to keep what it learns across calls (`draft_memory`: context trees then search earlier
+        answers too)."""
         depth = block_size - 1
         lookup, block = Lookup(depth, min_match), SBDBlock(block_size, fallback_blocks)
-        context, successors = ContextTrie(depth=depth, min_match=min_match), Successors(depth=depth)
+        context = ContextTrie(depth=depth, min_match=min_match, answers=ANSWER_MEMORY if memory else 0)
+        successors = Successors(depth=depth)
         block_tree = SBDBlock(block_size, fallback_blocks, top_k=SBD_TREE_TOP_K)
         return {Drafts.SBD: block, Drafts.LOOKUP: lookup, Drafts.HYBRID: Hybrid(lookup, block),
                 Drafts.CONTEXT_TREE: context, Drafts.SUCCESSORS: successors, Drafts.TREE: Mixed((context, successors)),
@@ -105,11 +108,12 @@ def check_fallback_blocks(fallback_blocks: int, drafts: Drafts) -> None:
 
 
 def check_draft_memory(draft_memory: bool, keeps_memory: bool, temperature: float) -> None:
-    """Raises UserError unless `draft_memory` is a bool, and False unless the drafts keep the model's successors
-    (`keeps_memory`, verified decoding) and decoding is greedy."""
+    """Raises UserError unless `draft_memory` is a bool, and False unless the drafts keep what they learn across
+    calls (`keeps_memory`, verified decoding) and decoding is greedy."""
     check_flag("draft_memory", draft_memory)
     if draft_memory and not keeps_memory:
-        raise UserError("draft_memory (--draft-memory) keeps the model's successors across calls: use it with "
+        raise UserError("draft_memory (--draft-memory) keeps the model's successors and earlier answers across calls "
+                        "for the tree sources: use it with "
                         f"--mode sbd --verify and drafts {', '.join(d.value for d in Drafts if d.keeps_memory)} "
                         "(--drafts)")
     if draft_memory and temperature >= GREEDY_BELOW:  # calls at one seed draw with the same keys

@@ -112,17 +112,23 @@ def batch_seed(seed: int, batch: int) -> int:
 @dataclasses.dataclass
 class DraftMemory:
     """What a draft source keeps across `generate` calls (`VerifiedSBDDecoder.draft_memory`: the model's successor
-    table), on the device: None until a call fills it. Hold one across calls to carry it (`generate_batched`
+    table, earlier answers), on the device: None until a call fills it. Hold one across calls to carry it (`generate_batched`
     holds one for a dataset's batches, `SBDModel` one per draft source and block size). `generate` compiles one
     decode for a first call and later ones (a direct `decode` call without a memory traces another)."""
 
     state: Any = None
 
 
+@functools.lru_cache(maxsize=64)
+def _memory_shape(decoder: Decoder) -> Any:
+    """The shapes and dtypes of `decoder`'s fresh draft memory (None: it keeps none), traced once a decoder."""
+    return jax.eval_shape(decoder.fresh_memory)  # nothing allocated
+
+
 def remembered_by(decoder: Decoder, memory: DraftMemory | None) -> DraftMemory | None:
     """The memory `decoder`'s draft source starts from (`memory`, filled with a fresh one where empty), or None
     where it keeps none; UserError where `memory` was kept for another model or draft source."""
-    shape = jax.eval_shape(decoder.fresh_memory)  # nothing allocated
+    shape = _memory_shape(decoder)
     if shape is None:
         return None
     kept = DraftMemory() if memory is None else memory

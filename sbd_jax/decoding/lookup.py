@@ -28,10 +28,10 @@ EXTEND = True  # periodic extension             }
 
 
 def match_ends(history_BW: jax.Array, length_B: jax.Array, max_ngram: int = MAX_NGRAM,
-               min_match: int = 1) -> jax.Array:
-    """`[B, W]`: where an earlier occurrence of the longest suffix of `history[b, :length[b]]` that recurs
+               min_match: int = 1, start: int = 0) -> jax.Array:
+    """`[B, W]`: where an earlier occurrence of the longest suffix of `history[b, start:length[b]]` that recurs
     (`min_match`..`max_ngram` tokens) ends; all False where none does. An occurrence must end before the last
-    token, so at least one token follows it."""
+    token, so at least one token follows it; it may lie before `start`."""
     batch, width = history_BW.shape
     index = jnp.arange(width)
     last = length_B[:, None] - 1  # [B, 1] position of the newest token
@@ -41,7 +41,7 @@ def match_ends(history_BW: jax.Array, length_B: jax.Array, max_ngram: int = MAX_
     for m in range(max_ngram):
         suffix_token = jnp.take_along_axis(history_BW, jnp.maximum(last - m, 0), axis=1)
         shifted = jnp.roll(history_BW, m, axis=1)  # shifted[i] = history[i - m]
-        matches = matches & (shifted == suffix_token) & (index >= m) & (last - m >= 0)
+        matches = matches & (shifted == suffix_token) & (index >= m) & (last - m >= start)
         earlier = matches & (index < last)
         if m + 1 >= min_match:  # a longer n-gram's matches replace a shorter one's
             ends = jnp.where(earlier.any(axis=1, keepdims=True), earlier, ends)

@@ -68,9 +68,9 @@ class VerifiedSBDDecoder(BlockDecoder):
     The cache keeps exactly the accepted path. Every pass verifies, so `nfe <= new tokens`; γ plays no part.
     `drafts`: a `Drafts` name, whose source is built for `block_size` (nodes at most `block_size - 1` deep), or a
     draft-source object. Chains (sbd, lookup, hybrid) have `block_size - 1` nodes, trees `draft_nodes`.
-    `draft_memory`: the source keeps what it learnt (the model's successors) across calls: `decode` takes the last
-    call's `DecodeOutput.memory` and returns this call's (`generate`'s `DraftMemory` carries it), so a call's
-    forwards depend on what was decoded before; its output never does.
+    `draft_memory`: the source keeps what it learnt (the model's successors, earlier answers) across calls: `decode`
+    takes the last call's `DecodeOutput.memory` and returns this call's (`generate`'s `DraftMemory` carries it), so
+    a call's forwards depend on what was decoded before; its output never does.
     `widths` are the pass widths compiled (root included; the candidates' best first so many), `costs` the seconds
     of a forward at each (measured once per model and machine: `sbd_jax.decoding.tree_width`): each pass takes the
     width with the most expected tokens per second over the live rows, a node's score being its estimated chance
@@ -127,7 +127,7 @@ class VerifiedSBDDecoder(BlockDecoder):
     def source(self) -> Any:
         """The draft source (`drafts` itself, or the one its name builds)."""
         if isinstance(self.drafts, Drafts):
-            return self.drafts.source(self.block_size, self.lookup_min_match, self.fallback_blocks)
+            return self.drafts.source(self.block_size, self.lookup_min_match, self.fallback_blocks, self.draft_memory)
         return self.drafts
 
     @property
@@ -162,7 +162,8 @@ class VerifiedSBDDecoder(BlockDecoder):
     def fresh_memory(self) -> Any:
         if not self.draft_memory:
             return None
-        return self.source.remember(self.source.init(1, self.config.vocab_size, self.temperature > 0))
+        return self.source.remember(self.source.init(1, self.config.vocab_size, self.temperature > 0),
+                                    jnp.zeros((1, 0), jnp.int32), jnp.zeros((1,), jnp.int32))  # no answers yet
 
     def width_choice(self, tree: trees.Tree, live_B: jax.Array, calibration: jax.Array) -> jax.Array:
         """The index in `pass_widths` this pass runs (class docstring); `calibration` scales the scores."""
@@ -290,7 +291,8 @@ class VerifiedSBDDecoder(BlockDecoder):
                             reveal_pass=final.record[..., 1], corrected=final.record[..., 2] == 1,
                             drafted=final.drafted, accepted=final.accepted, lookup_drafted=final.lookup_drafted,
                             lookup_accepted=final.lookup_accepted, narrow_passes=final.narrow_passes,
-                            memory=source.remember(final.source) if self.draft_memory else None)
+                            memory=source.remember(final.source, final.record[..., 0], final.count)
+                            if self.draft_memory else None)
 
 
 def _pad(x: jax.Array, axis: int, size: int) -> jax.Array:

@@ -63,10 +63,11 @@ def has(row: dict[str, Any], **fields: Any) -> bool:
 def describe(row: dict[str, Any]) -> str:
     """A recorded setting in words, for tables: "NTP", "SBD" (", left_to_right order" for another proxy than
     entropy), "verified SBD", "verified, lookup drafts", ..., with ", N fallback blocks" where it has them (γ and
-    the block size are columns of their own)."""
+    the block size are columns of their own), and ", draft memory" where the drafts' memory was kept."""
     if row["mode"] == Mode.NTP:
         return "NTP"
     if not row["verify"]:
         return "SBD" if row["proxy"] in (None, Proxy.ENTROPY) else f"SBD, {Proxy(row['proxy']).value} order"
     words = "verified SBD" if row["drafts"] == Drafts.SBD else f"verified, {Drafts(row['drafts']).value} drafts"
-    return words + (f", {row['fallback_blocks']} fallback blocks" if row["fallback_blocks"] else "")
+    return (words + (f", {row['fallback_blocks']} fallback blocks" if row["fallback_blocks"] else "")
+            + (", draft memory" if row.get("draft_memory") else ""))
