@@ -5,12 +5,11 @@ NTP's, and only sources that keep one accept it."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import sbd_jax
-import jax.numpy as jnp
-
 from sbd_jax.decoding.base import NTPDecoder
 from sbd_jax.decoding.context_drafts import SEPARATOR, ContextTrie
 from sbd_jax.decoding.generate import DraftMemory, generate, generate_batched
