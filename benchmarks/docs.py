@@ -62,9 +62,9 @@ def lookup_whole_set(split: str) -> Callable[[dict], tuple[str, str, str]]:
     return cells
 
 
-def tree_whole_set(split: str) -> Callable[[dict], tuple[str, str, str]]:
+def tree_whole_set(split: str, decoder: str = "tree n=16") -> Callable[[dict], tuple[str, str, str]]:
     def cells(data: dict) -> tuple[str, str, str]:
-        r = pick(data["forwards"], split=split, decoder="tree n=16")
+        r = pick(data["forwards"], split=split, decoder=decoder)
         return f"{r['tokens_per_forward']:.2f}", identical(r["identical_to_committed_ntp"], r["prompts"]), NOT_TIMED
     return cells
 
@@ -127,16 +127,21 @@ def arithmetic_verified(data: dict) -> tuple[str, str, str]:
 
 
 TREE_SPEED = ("benchmarks/results/tree_decode_speed_cpu.json",)
+TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test.json"
 HEADLINE = [
     Row("base SmolLM2-135M (no fine-tune), 200 held-out chat prompts", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("test")),
     Row("the same", "verified, tree drafts (context matches + the model's own successors), 16 nodes, 7 deep",
         ("benchmarks/results/tree_decode_forwards_cpu.json",), tree_whole_set("test")),
+    Row("the same", "verified, tree drafts, 16 nodes, `--draft-memory` (the model's successors and earlier answers "
+        "kept from batch to batch)", TREE_MEMORY, tree_whole_set("test", "tree n=16, draft memory")),
     Row("base SmolLM2-135M, 164 HumanEval problems", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("humaneval")),
     Row("the same", "verified, tree drafts, 16 nodes, 7 deep",
         ("benchmarks/results/tree_decode_forwards_cpu.json",), tree_whole_set("humaneval")),
+    Row("the same", "verified, tree drafts, 16 nodes, `--draft-memory`", TREE_MEMORY,
+        tree_whole_set("humaneval", "tree n=16, draft memory")),
     Row("base SmolLM2-135M, the first 40 held-out chat prompts, one at a time", "NTP with `transformers`' own "
         "prompt lookup, `generate(prompt_lookup_num_tokens=10)`", ("benchmarks/results/hf_prompt_lookup_cpu.json",),
         transformers_lookup(10)),
