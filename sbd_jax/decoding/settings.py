@@ -57,8 +57,9 @@ class Settings:
     # tree drafts: (pass width, seconds) measured here (`tree_width.measure_pass_costs`); each pass then runs the
     # width with the most expected tokens per second. Empty: every node, or the root alone where no row has one.
     pass_costs: tuple[tuple[int, float], ...] = ()
-    # drafts with the model's successors: keep its successor table from call to call of one model (and batch to
-    # batch of a dataset), Token Recycling's hot start: forwards then depend on what was decoded before
+    # tree drafts: keep the model's successor table (Token Recycling's hot start) and the last earlier answers
+    # (SuffixDecoding) from call to call of one model and batch to batch of a dataset: forwards then depend on
+    # what was decoded before, outputs never
     draft_memory: bool = False
     temperature: float = 0.0  # 0: greedy
     top_p: float = 1.0
