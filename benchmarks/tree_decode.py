@@ -61,7 +61,7 @@ def candidates(depth: int, max_new_tokens: int, nodes=NODES, sources=(Drafts.CON
     for drafts in map(Drafts, sources):
         for memory in memories:
             if memory and not drafts.keeps_memory:
-                continue  # a source without a memory (chains) runs once
+                continue  # a source that keeps no memory (sbd-tree) has no memory twin
             rows += [(named(f"{drafts.value} n={n}", memory), settings(drafts, depth, max_new_tokens, n, memory=memory))
                      for n in nodes]
     return rows
