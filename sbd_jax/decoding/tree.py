@@ -205,6 +205,8 @@ def walk(tree: Tree, chosen_BT: jax.Array, max_depth: int) -> Walk:
     """Descends from the root while the target's token at the current node (`chosen_BT`: argmax or draw at
     every pass position) is one of its children (module docstring: why this is exact)."""
     batch = chosen_BT.shape[0]
+    if tree.tokens.shape[1] == 0:  # the root alone: one absent node keeps the shapes
+        tree = jax.tree.map(lambda x: jnp.zeros((batch, 1), x.dtype), tree)
     current = jnp.zeros((batch,), jnp.int32)
     moving = jnp.ones((batch,), bool)
     accepted = jnp.zeros((batch,), jnp.int32)
@@ -255,7 +257,7 @@ class PassResult(struct.PyTreeNode):
     root: jax.Array  # [B] the pass's first token (emitted by the pass before)
     tree: Tree  # the nodes run after it
     walk: Walk
-    logits: jax.Array  # [B, 1 + N, V] the root's and nodes' next-token logits (the mask token excluded)
+    logits: jax.Array  # [B, 1 + N, V] the root's and `tree`'s nodes' next-token logits (the mask token excluded)
     block_logits: jax.Array | None  # [B, M, k, V] the masked blocks' logits, as `logits` (None: no blocks)
     anchors: jax.Array  # [B, M] each block's anchor (pass index)
     accepted: jax.Array  # [B] nodes kept (0 in a finished row)

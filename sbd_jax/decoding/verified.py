@@ -40,6 +40,18 @@ def check_pass_widths(widths: tuple[int, ...], draft_nodes: int) -> None:
                         f"({1 + draft_nodes})")
 
 
+class _Pass(struct.PyTreeNode):
+    """What one pass kept (`VerifiedSBDDecoder.pass_at`)."""
+
+    walk: trees.Walk
+    kept: jax.Array  # [B] tokens the row keeps (through an EOS, within max_new_tokens)
+    done: jax.Array  # [B] the row is finished after this pass
+    accepted: jax.Array  # [B] nodes kept
+    path_k: jax.Array  # the kept path's keys / values, for the cache
+    path_v: jax.Array
+    source: Any  # the source's state after it observed the pass
+
+
 class _State(struct.PyTreeNode):
     iteration: jax.Array
     cache: KVCache
@@ -177,34 +189,49 @@ class VerifiedSBDDecoder(BlockDecoder):
         return jnp.argmax(expected / jnp.asarray(self.costs)).astype(jnp.int32)
 
     def run_pass(self, params: Any, cache: KVCache, root_B: jax.Array, tree: trees.Tree, anchors_BM: jax.Array,
-                 choice: jax.Array) -> tuple[jax.Array, jax.Array | None, NewKV]:
-        """The root, the first nodes the width `choice` picks and the source's masked blocks after the cache.
-        Returns the root's and nodes' logits (the mask token excluded; zeros past the width), the blocks' logits
-        `[B, M, k, V]` (None without blocks), and the root's and nodes' keys / values."""
-        full, k = 1 + tree.tokens.shape[1], (self.source.block_size if self.source.blocks else 0)
+                 width: int) -> tuple[jax.Array, jax.Array | None, NewKV]:
+        """The root, the first `width - 1` nodes and the source's masked blocks after the cache. Returns the root's
+        and those nodes' logits `[B, width, V]` (the mask token excluded), the blocks' logits `[B, M, k, V]` (None
+        without blocks), and the root's and nodes' keys / values."""
+        part, k = tree.first(width - 1), (self.source.block_size if self.source.blocks else 0)
+        mask = self.attention_mask(part, self.source.depth)
+        positions = trees.positions(part, cache.lengths)
+        tokens = jnp.concatenate([root_B[:, None], part.tokens], axis=1)
+        if self.source.blocks:
+            positions, mask = trees.with_blocks(mask, part, anchors_BM, k, cache.lengths)
+            assert self.config.mask_token_id is not None  # __post_init__ refused a config without one
+            blocks = jnp.full((tokens.shape[0], self.source.blocks * k), self.config.mask_token_id, jnp.int32)
+            tokens = jnp.concatenate([tokens, blocks], axis=1)
+        logits, kv = forward(Transformer(self.config, gate_from=width if self.source.blocks else None),
+                             params, tokens, positions, mask=mask, cache=cache)  # an adapter: blocks alone
+        logits = without_token(logits, self.config.mask_token_id)
+        blocks_out = logits[:, width:].reshape(logits.shape[0], -1, k, logits.shape[-1]) if self.source.blocks else None
+        return logits[:, :width], blocks_out, NewKV(kv.k[:, :, :width], kv.v[:, :, :width])
 
-        def at_width(width: int) -> Any:
-            def run(_: None) -> tuple[jax.Array, jax.Array | None, NewKV]:
-                part = tree.first(width - 1)
-                mask = self.attention_mask(part, self.source.depth)
-                positions = trees.positions(part, cache.lengths)
-                tokens = jnp.concatenate([root_B[:, None], part.tokens], axis=1)
-                if self.source.blocks:
-                    positions, mask = trees.with_blocks(mask, part, anchors_BM, k, cache.lengths)
-                    assert self.config.mask_token_id is not None  # __post_init__ refused a config without one
-                    blocks = jnp.full((tokens.shape[0], self.source.blocks * k), self.config.mask_token_id, jnp.int32)
-                    tokens = jnp.concatenate([tokens, blocks], axis=1)
-                logits, kv = forward(Transformer(self.config, gate_from=width if self.source.blocks else None),
-                                     params, tokens, positions, mask=mask, cache=cache)  # an adapter: blocks alone
-                logits = without_token(logits, self.config.mask_token_id)
-                blocks_out = logits[:, width:].reshape(logits.shape[0], -1, k, logits.shape[-1]) if self.source.blocks else None
-                return (_pad(logits[:, :width], 1, full), blocks_out,
-                        NewKV(_pad(kv.k[:, :, :width], 2, full), _pad(kv.v[:, :, :width], 2, full)))
-            return run
-
-        if len(self.pass_widths) == 1:
-            return at_width(self.pass_widths[0])(None)
-        return jax.lax.switch(choice, [at_width(w) for w in self.pass_widths], None)
+    def pass_at(self, width: int, params: Any, s: _State, root_B: jax.Array, tree: trees.Tree, anchors_BM: jax.Array,
+                candidates: trees.Candidates, keys: tuple[jax.Array, jax.Array, jax.Array]) -> _Pass:
+        """One pass at `width` (the root and the first `width - 1` nodes): run it, walk it, tell the source. Every
+        per-position step (the target's tokens, a source's harvest) sweeps these positions only, not the widest
+        pass's. A sampled chain is tested at full length (its candidates' distributions are), absent nodes
+        padded."""
+        accept_rng, token_rng, draft_rng = keys
+        live, full = ~s.done, 1 + tree.tokens.shape[1]
+        logits, block_logits, kv = self.run_pass(params, s.cache, root_B, tree, anchors_BM, width)
+        part = tree.first(width - 1)
+        if self.source.chain and self.temperature > 0:
+            part, logits = tree, _pad(logits, 1, full)
+        w = self.verdict(part, sampling_logits(logits, self.temperature, self.top_p), candidates, accept_rng,
+                         token_rng)
+        j = jnp.arange(self.source.depth + 1)
+        kept, ended = kept_through_eos(self._is_eos(w.emitted) & (j <= w.accepted[:, None]),
+                                       jnp.where(live, jnp.minimum(w.accepted + 1, self.max_new_tokens - s.count), 0))
+        done = s.done | ended | (s.count + kept >= self.max_new_tokens)
+        accepted = jnp.where(live, jnp.minimum(w.accepted, kept), 0)
+        result = trees.PassResult(root=root_B, tree=part, walk=w, logits=logits, block_logits=block_logits,
+                                  anchors=anchors_BM, accepted=accepted, live=live, done=done, rng=draft_rng,
+                                  temperature=self.temperature, top_p=self.top_p)
+        return _Pass(walk=w, kept=kept, done=done, accepted=accepted, path_k=self.path_kv(kv.k, w.path),
+                     path_v=self.path_kv(kv.v, w.path), source=self.source.observe(s.source, result))
 
     def verdict(self, tree: trees.Tree, p_logits: jax.Array, candidates: trees.Candidates, accept_rng: jax.Array,
                 token_rng: jax.Array) -> trees.Walk:
@@ -234,7 +261,7 @@ class VerifiedSBDDecoder(BlockDecoder):
         def body(s: _State) -> _State:
             live = ~s.done
             length = prompt_lens_B + s.count
-            accept_rng, token_rng, draft_rng = self.pass_keys(rng, s.iteration)
+            keys = self.pass_keys(rng, s.iteration)
             # chains as they always were; a tree node that can only be emitted in place of the pass's own token is
             # left out (it would take the slot of one that adds a token)
             room = jnp.where(live, self.max_new_tokens - s.count - (0 if source.chain else 1), 0)
@@ -247,29 +274,21 @@ class VerifiedSBDDecoder(BlockDecoder):
             tree = tree.replace(from_context=tree.from_context & tree.present)
             root = jnp.take_along_axis(s.history, (length - 1)[:, None], axis=1)[:, 0]
             anchors = source.anchors(tree, s.source) if source.blocks else jnp.zeros((batch, 0), jnp.int32)
-            logits, block_logits, kv = self.run_pass(params, s.cache, root, tree, anchors, choice)
-            w = self.verdict(tree, sampling_logits(logits, self.temperature, self.top_p), candidates, accept_rng,
-                             token_rng)
-            kept, ended = kept_through_eos(self._is_eos(w.emitted) & (j <= w.accepted[:, None]),
-                                           jnp.where(live, jnp.minimum(w.accepted + 1, self.max_new_tokens - s.count),
-                                                     0))
-            nfe, count = s.nfe + live, s.count + kept
-            done = s.done | ended | (count >= self.max_new_tokens)
-            accepted = jnp.where(live, jnp.minimum(w.accepted, kept), 0)
+            step = [functools.partial(self.pass_at, width, params, s, root, tree, anchors, candidates, keys)
+                    for width in self.pass_widths]
+            p = step[0]() if len(step) == 1 else jax.lax.switch(choice, step)
+            w, accepted, nfe, count = p.walk, p.accepted, s.nfe + live, s.count + p.kept
             on_path = jnp.take_along_axis(jnp.pad(tree.from_context, ((0, 0), (1, 0))), w.path[:, 1:], axis=1)
-            result = trees.PassResult(root=root, tree=tree, walk=w, logits=logits, block_logits=block_logits,
-                                      anchors=anchors, accepted=accepted, live=live, done=done, rng=draft_rng,
-                                      temperature=self.temperature, top_p=self.top_p)
             return s.replace(
                 iteration=s.iteration + 1,
-                cache=append(s.cache, self.path_kv(kv.k, w.path), self.path_kv(kv.v, w.path),
-                             jnp.where(live, w.accepted + 1, 0)),
+                cache=append(s.cache, p.path_k, p.path_v, jnp.where(live, w.accepted + 1, 0)),
                 history=s.history.at[rows, length[:, None] + j].set(w.emitted, mode="drop"),
-                source=source.observe(s.source, result),
+                source=p.source,
                 record=s.record.at[rows, s.count[:, None] + j].set(
                     jnp.stack([w.emitted, jnp.broadcast_to(nfe[:, None], w.emitted.shape),
                                (j == w.accepted[:, None]) & w.corrected[:, None]], axis=-1), mode="drop"),
-                nfe=nfe, count=count, done=done, drafted=s.drafted + tree.present.sum(axis=1), accepted=s.accepted + accepted,
+                nfe=nfe, count=count, done=p.done, drafted=s.drafted + tree.present.sum(axis=1),
+                accepted=s.accepted + accepted,
                 lookup_drafted=s.lookup_drafted + tree.from_context.sum(axis=1),
                 lookup_accepted=s.lookup_accepted + (on_path & (j[:-1] < accepted[:, None])).sum(axis=1),
                 narrow_passes=s.narrow_passes + (live & (kept_nodes == 0) & (self.nodes > 0)),
