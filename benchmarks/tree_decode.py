@@ -20,6 +20,10 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
   on costs measured here (`sbd_jax.decoding.tree_width`); with `--draft-memory`, the width rule also with the
   draft memory (the successor table and earlier answers) kept from prompt to prompt (batch 1) or batch to batch
   (batch 8).
+- overhead: what the verifying loop costs beyond the forward: NTP against each tree source with every pass
+  forced to the root alone (a cost curve on which any wider pass costs 10^9 times the root), first 16 test
+  prompts at batch 8 and 4 at batch 1 (`--speed-batches`), same tokens, so the time ratio is the loop's
+  own per-pass cost (candidates, tree, walk, the source's harvest) over NTP's step.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from sbd_jax.evaluation.results import write_json
 from sbd_jax.roofline import HARDWARE, lookup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PARTS = ("validation", "forwards", "speed")
+PARTS = ("validation", "forwards", "speed", "overhead")
 NODES = (4, 8, 16, 32, 64)
 
 
@@ -126,7 +130,7 @@ def speed_rows(model, args, progress) -> list[dict]:
 
     test = split_prompts(model.tokenizer, "test", max(args.batch1_prompts, 16))
     rows: list[dict] = []
-    for batch, n in ((1, args.batch1_prompts), (8, 16)):
+    for batch, n in ((b, args.batch1_prompts if b == 1 else 16) for b in args.speed_batches):
         costs = measure_pass_costs(model, test[:batch], batch, args.max_new_tokens, max(args.nodes))
         deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens)),
                     ("lookup chain k=8 min match 2", settings(Drafts.LOOKUP, 7, args.max_new_tokens, min_match=2))]
@@ -149,6 +153,39 @@ def speed_rows(model, args, progress) -> list[dict]:
     return rows
 
 
+ROOT_ALONE = 1e-9  # overhead: the root's cost on a curve where the widest pass costs 1 s
+
+
+def overhead_rows(model, args, progress) -> list[dict]:
+    from benchmarks.lookup_decode import summary
+    from benchmarks.lookup_rule import split_prompts
+    from sbd_jax.decoding.settings import Settings
+
+    test = split_prompts(model.tokenizer, "test", 16)
+    n = max(args.nodes)
+    rows: list[dict] = []
+    for batch in args.speed_batches:
+        prompts = test[:16 if batch > 1 else 4]
+        deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens))]
+        deciders += [(named(f"{drafts} n={n}, root alone", memory),
+                      settings(drafts, args.depth, args.max_new_tokens, n, costs=((1, ROOT_ALONE), (1 + n, 1.0)),
+                               memory=memory))
+                     for drafts in args.sources for memory in MEMORIES[args.draft_memory]
+                     if not memory or Drafts(drafts).keeps_memory]
+        reference = None
+        for name, s in deciders:
+            decode(model, s, prompts[:batch], batch)  # compile and warm apart from the timed run
+            results, timing = decode(model, s, prompts, batch)
+            reference = reference or [r.token_ids for r in results]
+            rows.append({"decoder": name, "batch": batch, "prompts": len(prompts), **summary(results, timing),
+                         "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, reference))})
+            ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == Mode.NTP)
+            rows[-1]["seconds_vs_ntp"] = rows[-1]["decode_seconds"] / ntp["decode_seconds"]
+            print(rows[-1], flush=True)
+            progress(rows)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=["forwards"])
@@ -165,7 +202,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-chain", action="store_true", help="leave out chain lookup (measured already)")
     parser.add_argument("--batch", type=int, default=16, help="validation / forwards: rows a batch")
     parser.add_argument("--batch1-prompts", type=int, default=40, help="speed: test prompts decoded at batch 1")
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="speed: tokens a prompt")
+    parser.add_argument("--speed-batches", type=int, nargs="+", default=[1, 8], choices=(1, 8),
+                        help="speed / overhead: the batch sizes measured")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="speed / overhead: tokens a prompt")
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--out", default=None, help="default benchmarks/results/tree_decode_{part}_cpu.json")
     args = parser.parse_args(argv)
@@ -184,7 +223,8 @@ def main(argv: list[str] | None = None) -> dict:
             write_json(out, {"args": vars(args), part: rows})
 
         rows = {"validation": lambda: validation_rows(model, args), "forwards": lambda: forwards_rows(model, args, progress),
-                "speed": lambda: speed_rows(model, args, progress)}[part]()
+                "speed": lambda: speed_rows(model, args, progress),
+                "overhead": lambda: overhead_rows(model, args, progress)}[part]()
         progress(rows)
         result[part] = rows
     return result
