@@ -111,7 +111,8 @@ def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_plain_forward_woul
     cache, root = decoder.prefill(params(), jnp.asarray([prompt]), jnp.asarray([len(prompt)]), capacity=32)
     tree = trees.build_tree(candidates([[wrong[0]], [a], [a, wrong[1]], [a, b], [a, b, wrong[2]]],
                                        [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
-    logits, _, kv = decoder.run_pass(params(), cache, root, tree, jnp.zeros((1, 0), jnp.int32), 6)
+    logits, _, kv = decoder.run_pass(params(), cache, root, tree, jnp.zeros((1, 0), jnp.int32),
+                                     decoder.pass_widths[-1])
     chosen = jnp.argmax(logits, axis=-1)
     w = decoder.walk(tree, chosen, 3)
     assert int(w.accepted[0]) == 2 and np.asarray(w.emitted)[0, :3].tolist() == [a, b, c]
@@ -137,7 +138,8 @@ def test_each_masked_block_of_a_pass_sees_its_anchors_path_and_itself_as_an_unca
     tree = trees.build_tree(candidates([[20], [21], [21, 22], [21, 23], [21, 23, 24]], [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
     # pass order: the root, then the ranked nodes: 20, 21, 22 (under 21), 23 (under 21), 24 (under 23)
     anchors = [5, 0, 3]  # the deepest node, the root, a node off the deepest path
-    _, blocks, _ = decoder.run_pass(params(), cache, root, tree, jnp.asarray([anchors]), 6)
+    _, blocks, _ = decoder.run_pass(params(), cache, root, tree, jnp.asarray([anchors]),
+                                    decoder.pass_widths[-1])
     tokens, parents = np.asarray(tree.tokens)[0].tolist(), np.asarray(tree.parents)[0].tolist()
 
     def path_to(index):  # the tokens after the root down to pass index `index`

@@ -255,9 +255,10 @@ class PassResult(struct.PyTreeNode):
     """What a verifying pass computed and decided, for a draft source's `observe`."""
 
     root: jax.Array  # [B] the pass's first token (emitted by the pass before)
-    tree: Tree  # the nodes run after it
+    tree: Tree  # the nodes run after it (a sampled chain: all its nodes, those past the pass's width absent)
     walk: Walk
-    logits: jax.Array  # [B, 1 + N, V] the root's and `tree`'s nodes' next-token logits (the mask token excluded)
+    logits: jax.Array  # [B, 1 + N, V] the root's and `tree`'s nodes' next-token logits (the mask token excluded;
+    # an absent node's past the width: zeros)
     block_logits: jax.Array | None  # [B, M, k, V] the masked blocks' logits, as `logits` (None: no blocks)
     anchors: jax.Array  # [B, M] each block's anchor (pass index)
     accepted: jax.Array  # [B] nodes kept (0 in a finished row)

@@ -212,14 +212,16 @@ class VerifiedSBDDecoder(BlockDecoder):
                 candidates: trees.Candidates, keys: tuple[jax.Array, jax.Array, jax.Array]) -> _Pass:
         """One pass at `width` (the root and the first `width - 1` nodes): run it, walk it, tell the source. Every
         per-position step (the target's tokens, a source's harvest) sweeps these positions only, not the widest
-        pass's. A sampled chain is tested at full length (its candidates' distributions are), absent nodes
-        padded."""
+        pass's, except for a sampled chain: it is tested at full length (its candidates' distributions are), the
+        nodes past the width absent, their logits zero. The target's draws take their noise by the positions'
+        shape, so a sampled tree's tokens at one seed depend on the width its passes ran (their distribution
+        never does)."""
         accept_rng, token_rng, draft_rng = keys
-        live, full = ~s.done, 1 + tree.tokens.shape[1]
+        live = ~s.done
         logits, block_logits, kv = self.run_pass(params, s.cache, root_B, tree, anchors_BM, width)
         part = tree.first(width - 1)
         if self.source.chain and self.temperature > 0:
-            part, logits = tree, _pad(logits, 1, full)
+            part, logits = tree, _pad(logits, 1, 1 + tree.tokens.shape[1])
         w = self.verdict(part, sampling_logits(logits, self.temperature, self.top_p), candidates, accept_rng,
                          token_rng)
         j = jnp.arange(self.source.depth + 1)
