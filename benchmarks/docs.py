@@ -127,7 +127,7 @@ def arithmetic_verified(data: dict) -> tuple[str, str, str]:
             f"{fast['tokens_per_second'] / slow['tokens_per_second']:.2f}× (batch 1)")
 
 
-TREE_SPEED = ("benchmarks/results/tree_decode_speed_cpu.json",)
+TREE_SPEED = ("benchmarks/results/tree_decode_speed_batch1_cpu.json",)
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test.json"
 HEADLINE = [
