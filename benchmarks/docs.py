@@ -129,7 +129,7 @@ def arithmetic_verified(data: dict) -> tuple[str, str, str]:
 
 TREE_SPEED = ("benchmarks/results/tree_decode_speed_batch1_cpu.json",)
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
-SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test.json"
+SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
 HEADLINE = [
     Row("base SmolLM2-135M (no fine-tune), 200 held-out chat prompts", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("test")),

@@ -11,7 +11,7 @@ takes many times longer (each run's `results.md` records its stages' times). The
 same `entries.json` (same keys): the full evaluation reuses them. Every row is compared with the *base*
 model's NTP outputs: a verified row of a gated adapter must equal them exactly (its NTP is
 the base's); a full fine-tune's verified rows equal its own NTP, which is computed too, as `tuned, NTP`.
-Writes `headline_SPLIT.json` beside the cache.
+Writes `headline_SPLIT_BLOCK.json` beside the cache (one file per split and block size).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main(argv: Sequence[str]) -> None:
     steps = read_adapter_config(args.tuned).get("shipped", {}).get("steps") if adapter else None
 
     def write(table: list[dict]) -> None:  # after every row: a run cut short keeps what it measured
-        write_json(os.path.join(os.path.dirname(args.cache), f"headline_{args.split}.json"),
+        write_json(os.path.join(os.path.dirname(args.cache), f"headline_{args.split}_{args.block_size}.json"),
                    {"provenance": provenance(), "command": "python -m recipes.smollm2_sbd.headline " + " ".join(argv),
                     "tuned": "gated adapter" if adapter else "full fine-tune", "adapter_steps": steps,
                     "block_size": args.block_size,
