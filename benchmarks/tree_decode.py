@@ -14,12 +14,15 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
   tokens per forward, and outputs against the committed base NTP outputs (the same ones `lookup_decode` uses).
   `--modeled-costs HW` adds the tree with the width rule on the pass costs `sbd_jax.roofline` predicts for HW at
   this batch (`tree_width.modeled_pass_costs`): the widths its rule would pick there, in tokens per forward.
-- speed: decode tokens/s at batch 1 (`--batch1-prompts` test prompts, one at a time) and batch 8 (16 prompts):
+- speed: decode tokens/s at batch 1 (`--batch1-prompts` test prompts, or HumanEval problems with `--speed-split
+  humaneval`, one at a time) and batch 8 (16 prompts):
   NTP, chain lookup (block 8, shortest match 2: the chain's best at batch 1 on a CPU,
   `benchmarks/results/lookup_decode_speed_run4_cpu.json`) and the tree at fixed widths and with the width rule
   on costs measured here (`sbd_jax.decoding.tree_width`); with `--draft-memory`, the width rule also with the
   draft memory (the successor table and earlier answers) kept from prompt to prompt (batch 1) or batch to batch
-  (batch 8).
+  (batch 8). The costs come from `choose_draft_widths` (`--draft-nodes auto`), whose calibration's verdict the
+  width-rule rows record (`auto_decodes_with`): `--draft-nodes auto` decodes as that row where it is "tree", as
+  the NTP row where it is "ntp" (the calibration's own seconds are not in either).
 - overhead: what the verifying loop costs beyond the forward: NTP against each tree source with every pass
   forced to the root alone (a cost curve on which any wider pass costs 10^9 times the root), first 16 test
   prompts at batch 8 and 4 at batch 1 (`--speed-batches`), same tokens, so the time ratio is the loop's
@@ -123,41 +126,55 @@ def forwards_rows(model, args, progress) -> list[dict]:
 
 
 def speed_rows(model, args, progress) -> list[dict]:
-    from benchmarks.lookup_decode import summary
     from benchmarks.lookup_rule import split_prompts
     from sbd_jax.decoding.settings import Settings
-    from sbd_jax.decoding.tree_width import measure_pass_costs
+    from sbd_jax.decoding.tree_width import choose_draft_widths
 
-    test = split_prompts(model.tokenizer, "test", max(args.batch1_prompts, 16))
+    prompts = split_prompts(model.tokenizer, args.speed_split, max(args.batch1_prompts, 16))
     rows: list[dict] = []
     for batch, n in ((b, args.batch1_prompts if b == 1 else 16) for b in args.speed_batches):
-        costs = measure_pass_costs(model, test[:batch], batch, args.max_new_tokens, max(args.nodes))
+        choice = choose_draft_widths(model, prompts, batch, settings(Drafts.TREE, args.depth, args.max_new_tokens,
+                                                                     max(args.nodes)))
+        costs = choice.pass_costs
         deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens)),
                     ("lookup chain k=8 min match 2", settings(Drafts.LOOKUP, 7, args.max_new_tokens, min_match=2))]
         deciders += [(f"tree n={m}", settings(Drafts.TREE, args.depth, args.max_new_tokens, m)) for m in args.nodes]
         deciders += [(named("tree, width rule", memory), settings(Drafts.TREE, args.depth, args.max_new_tokens,
                                                                    max(args.nodes), costs=costs, memory=memory))
                      for memory in MEMORIES[args.draft_memory]]
-        ntp_outputs = None
-        for name, s in deciders:
-            decode(model, s, test[:batch], batch)  # compile and warm apart from the timed run
-            results, timing = decode(model, s, test[:n], batch)
-            ntp_outputs = ntp_outputs or [r.token_ids for r in results]
-            rows.append({"decoder": name, "batch": batch, "prompts": n, **summary(results, timing),
-                         "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, ntp_outputs)),
-                         **({"pass_costs": costs} if s.pass_costs else {})})
-            ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == Mode.NTP)
-            rows[-1]["vs_ntp"] = rows[-1]["tokens_per_second"] / ntp["tokens_per_second"]
-            print(rows[-1], flush=True)
-            progress(rows)
+        auto = {"auto_decodes_with": "ntp" if choice.settings.mode == Mode.NTP else "tree",
+                "calibration_speedup": choice.speedup, "calibration_tokens_per_forward": choice.tokens_per_forward}
+        timed_rows(model, deciders, prompts[:n], batch, rows, progress, extra={"tree, width rule": auto})
     return rows
+
+
+def timed_rows(model, deciders, prompts, batch: int, rows: list[dict], progress, extra: dict | None = None) -> None:
+    """Each (name, settings) of `deciders` compiled and warmed on one batch, then timed on `prompts`; a row each
+    appended to `rows` (and `progress(rows)` after each) with its outputs against the first decider's (NTP) and
+    its tokens/s (`vs_ntp`) and seconds (`seconds_vs_ntp`) against NTP's; `extra[prefix]`'s fields added to the
+    rows whose name starts with `prefix`."""
+    from benchmarks.lookup_decode import summary
+
+    reference = None
+    for name, s in deciders:
+        decode(model, s, prompts[:batch], batch)  # compile and warm apart from the timed run
+        results, timing = decode(model, s, prompts, batch)
+        reference = reference or [r.token_ids for r in results]
+        rows.append({"decoder": name, "batch": batch, "prompts": len(prompts), **summary(results, timing),
+                     "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, reference)),
+                     **({"pass_costs": [list(c) for c in s.pass_costs]} if s.pass_costs else {})})
+        ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == Mode.NTP)
+        rows[-1]["vs_ntp"] = rows[-1]["tokens_per_second"] / ntp["tokens_per_second"]
+        rows[-1]["seconds_vs_ntp"] = rows[-1]["decode_seconds"] / ntp["decode_seconds"]
+        rows[-1].update(next((v for k, v in (extra or {}).items() if name.startswith(k)), {}))
+        print(rows[-1], flush=True)
+        progress(rows)
 
 
 ROOT_ALONE = 1e-9  # overhead: the root's cost on a curve where the widest pass costs 1 s
 
 
 def overhead_rows(model, args, progress) -> list[dict]:
-    from benchmarks.lookup_decode import summary
     from benchmarks.lookup_rule import split_prompts
     from sbd_jax.decoding.settings import Settings
 
@@ -172,17 +189,7 @@ def overhead_rows(model, args, progress) -> list[dict]:
                                memory=memory))
                      for drafts in args.sources for memory in MEMORIES[args.draft_memory]
                      if not memory or Drafts(drafts).keeps_memory]
-        reference = None
-        for name, s in deciders:
-            decode(model, s, prompts[:batch], batch)  # compile and warm apart from the timed run
-            results, timing = decode(model, s, prompts, batch)
-            reference = reference or [r.token_ids for r in results]
-            rows.append({"decoder": name, "batch": batch, "prompts": len(prompts), **summary(results, timing),
-                         "identical_to_ntp": sum(r.token_ids == o for r, o in zip(results, reference))})
-            ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == Mode.NTP)
-            rows[-1]["seconds_vs_ntp"] = rows[-1]["decode_seconds"] / ntp["decode_seconds"]
-            print(rows[-1], flush=True)
-            progress(rows)
+        timed_rows(model, deciders, prompts, batch, rows, progress)
     return rows
 
 
@@ -202,6 +209,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-chain", action="store_true", help="leave out chain lookup (measured already)")
     parser.add_argument("--batch", type=int, default=16, help="validation / forwards: rows a batch")
     parser.add_argument("--batch1-prompts", type=int, default=40, help="speed: test prompts decoded at batch 1")
+    parser.add_argument("--speed-split", choices=("test", "humaneval"), default="test",
+                        help="speed: the recipe's test prompts or its HumanEval problems")
     parser.add_argument("--speed-batches", type=int, nargs="+", default=[1, 8], choices=(1, 8),
                         help="speed / overhead: the batch sizes measured")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="speed / overhead: tokens a prompt")

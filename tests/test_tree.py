@@ -111,8 +111,7 @@ def test_the_cache_after_a_tree_pass_holds_the_kept_path_as_a_plain_forward_woul
     cache, root = decoder.prefill(params(), jnp.asarray([prompt]), jnp.asarray([len(prompt)]), capacity=32)
     tree = trees.build_tree(candidates([[wrong[0]], [a], [a, wrong[1]], [a, b], [a, b, wrong[2]]],
                                        [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
-    logits, _, kv = decoder.run_pass(params(), cache, root, tree, jnp.zeros((1, 0), jnp.int32),
-                                     decoder.pass_widths[-1])
+    logits, _, kv = decoder.run_pass(params(), cache, root, tree, jnp.zeros((1, 0), jnp.int32))
     chosen = jnp.argmax(logits, axis=-1)
     w = decoder.walk(tree, chosen, 3)
     assert int(w.accepted[0]) == 2 and np.asarray(w.emitted)[0, :3].tolist() == [a, b, c]
@@ -138,8 +137,7 @@ def test_each_masked_block_of_a_pass_sees_its_anchors_path_and_itself_as_an_unca
     tree = trees.build_tree(candidates([[20], [21], [21, 22], [21, 23], [21, 23, 24]], [0.9, 0.8, 0.7, 0.6, 0.5]), 5)
     # pass order: the root, then the ranked nodes: 20, 21, 22 (under 21), 23 (under 21), 24 (under 23)
     anchors = [5, 0, 3]  # the deepest node, the root, a node off the deepest path
-    _, blocks, _ = decoder.run_pass(params(), cache, root, tree, jnp.asarray([anchors]),
-                                    decoder.pass_widths[-1])
+    _, blocks, _ = decoder.run_pass(params(), cache, root, tree, jnp.asarray([anchors]))
     tokens, parents = np.asarray(tree.tokens)[0].tolist(), np.asarray(tree.parents)[0].tolist()
 
     def path_to(index):  # the tokens after the root down to pass index `index`
@@ -304,3 +302,33 @@ def test_the_width_rule_runs_every_candidate_on_a_gpus_modeled_costs_and_the_roo
         overconfident = 0.05  # calibrated: the scores predicted 20 times the tokens kept
         assert decoder.pass_widths[int(decoder.width_choice(tree, jnp.ones((1,), bool), overconfident))] == (
             1 if costs is steep else 4)
+
+
+@pytest.mark.parametrize("ntp_seconds, tree_seconds, picked", [(1.0, 2.0, "ntp"), (2.0, 1.0, "tree")])
+def test_draft_nodes_auto_decodes_with_ntp_where_the_calibration_found_the_tree_slower(
+        monkeypatch, ntp_seconds, tree_seconds, picked):
+    """`choose_draft_widths` (`--draft-nodes auto`): the widths' costs timed, then NTP wherever the short timed
+    decode of the tree was not faster (its timings replaced here, so the verdict is the rule's, not the
+    machine's); the chosen settings still decode NTP's tokens."""
+    import types
+
+    from sbd_jax.decoding import generate as generate_module
+    from sbd_jax.decoding.settings import Mode, Settings
+    from sbd_jax.decoding.tree_width import choose_draft_widths
+
+    real = generate_module.generate_batched
+
+    def timed(decoder, *args, **kwargs):
+        generations, timing = real(decoder, *args, **kwargs)
+        return generations, timing._replace(decode_seconds=ntp_seconds if isinstance(decoder, NTPDecoder) else tree_seconds)
+
+    monkeypatch.setattr(generate_module, "generate_batched", timed)
+    model = types.SimpleNamespace(config=CFG, params=params())
+    tree = Settings(mode=Mode.SBD, verify=True, drafts="tree", block_size=5, draft_nodes=4, max_new_tokens=12)
+    choice = choose_draft_widths(model, PROMPTS, 2, tree, calibration_tokens=8)
+    assert [w for w, _ in choice.pass_costs] == [1, 2, 4, 5] and choice.speedup == ntp_seconds / tree_seconds
+    assert choice.settings == (tree.as_ntp() if picked == "ntp" else dataclasses.replace(tree, pass_costs=choice.pass_costs))
+    assert ("decoding with NTP" if picked == "ntp" else "decoding with the tree") in choice.describe()
+    ntp = generate(NTPDecoder(CFG, max_new_tokens=12), params(), PROMPTS[:2])[0]
+    chosen = real(choice.settings.decoder(CFG), params(), PROMPTS[:2], 2)[0]
+    assert [g.token_ids for g in chosen] == [g.token_ids for g in ntp]

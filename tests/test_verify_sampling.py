@@ -137,10 +137,10 @@ class HandMadeLogits(VerifiedSBDDecoder):
     """The real pass (its K/V fill the cache) with its logits replaced: p from the last token and its
     position (a Markov chain NTP samples exactly from), q from the last chain token and the block position."""
 
-    def run_pass(self, params, cache, root_B, tree, anchors_BM, width):
+    def run_pass(self, params, cache, root_B, part, anchors_BM):
         assert anchors_BM.shape[1] == 1  # q here is the block's after the whole chain
-        _, _, kv = super().run_pass(params, cache, root_B, tree, anchors_BM, width)
-        tokens = jnp.concatenate([root_B[:, None], tree.tokens[:, :width - 1]], axis=1)
+        _, _, kv = super().run_pass(params, cache, root_B, part, anchors_BM)
+        tokens = jnp.concatenate([root_B[:, None], part.tokens], axis=1)
         p = jnp.asarray(P_TABLE, jnp.float32)[tokens, cache.lengths[:, None] + jnp.arange(tokens.shape[1])]
         last = jnp.take_along_axis(tokens, anchors_BM, axis=1)
         q = jnp.asarray(Q_TABLE, jnp.float32)[last, jnp.arange(self.block_size)[None]][:, None]

@@ -188,12 +188,12 @@ class VerifiedSBDDecoder(BlockDecoder):
         expected = jnp.stack([live_B.sum() + (kept[w - 2] if w > 1 else 0.0) for w in widths])
         return jnp.argmax(expected / jnp.asarray(self.costs)).astype(jnp.int32)
 
-    def run_pass(self, params: Any, cache: KVCache, root_B: jax.Array, tree: trees.Tree, anchors_BM: jax.Array,
-                 width: int) -> tuple[jax.Array, jax.Array | None, NewKV]:
-        """The root, the first `width - 1` nodes and the source's masked blocks after the cache. Returns the root's
-        and those nodes' logits `[B, width, V]` (the mask token excluded), the blocks' logits `[B, M, k, V]` (None
-        without blocks), and the root's and nodes' keys / values."""
-        part, k = tree.first(width - 1), (self.source.block_size if self.source.blocks else 0)
+    def run_pass(self, params: Any, cache: KVCache, root_B: jax.Array, part: trees.Tree, anchors_BM: jax.Array
+                 ) -> tuple[jax.Array, jax.Array | None, NewKV]:
+        """The root, `part`'s nodes (a pass of width `1 + nodes`) and the source's masked blocks after the cache.
+        Returns the root's and the nodes' logits `[B, width, V]` (the mask token excluded), the blocks' logits
+        `[B, M, k, V]` (None without blocks), and the root's and nodes' keys / values."""
+        width, k = 1 + part.tokens.shape[1], (self.source.block_size if self.source.blocks else 0)
         mask = self.attention_mask(part, self.source.depth)
         positions = trees.positions(part, cache.lengths)
         tokens = jnp.concatenate([root_B[:, None], part.tokens], axis=1)
@@ -218,8 +218,8 @@ class VerifiedSBDDecoder(BlockDecoder):
         never does)."""
         accept_rng, token_rng, draft_rng = keys
         live = ~s.done
-        logits, block_logits, kv = self.run_pass(params, s.cache, root_B, tree, anchors_BM, width)
         part = tree.first(width - 1)
+        logits, block_logits, kv = self.run_pass(params, s.cache, root_B, part, anchors_BM)
         if self.source.chain and self.temperature > 0:
             part, logits = tree, _pad(logits, 1, 1 + tree.tokens.shape[1])
         w = self.verdict(part, sampling_logits(logits, self.temperature, self.top_p), candidates, accept_rng,
