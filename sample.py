@@ -73,8 +73,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="tree drafts: candidate tokens checked a pass besides the exact one (wider passes cost more "
                    "on a CPU, about the same on a GPU at small batch: benchmarks/tree_decode.py measures both). "
                    f"auto: up to {AUTO_DRAFT_NODES}, each pass at the width with the most expected tokens per second "
-                   "on pass costs timed here at the batch size decoded, or NTP where a short timed decode of the "
-                   "first batch found the tree slower (the text is the same)")
+                   "on pass costs timed here at the batch size decoded")
     p.add_argument("--lookup-min-match", type=int, default=1, metavar="N",
                    help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs more than a 1-token "
@@ -211,10 +210,9 @@ def main(argv: list[str]) -> None:
         settings = (settings.as_ntp() if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))
     if args.draft_nodes == "auto" and settings.drafts.is_tree and not settings.drafts.reads_masked_block:  # timed on the first batch, at its size
-        with naming_prompts(sources):
-            width_choice = model.choose_draft_widths(texts[:batch], batch, settings, chat=args.chat)
-        print(f"[--draft-nodes auto at batch {batch}: {width_choice.describe()}]", file=sys.stderr)
-        settings = width_choice.settings
+        settings = model.with_measured_widths(texts[:batch], batch, settings, chat=args.chat)
+        print(f"[--draft-nodes auto at batch {batch}: pass costs {', '.join(f'{w}: {s * 1e3:.1f} ms' for w, s in settings.pass_costs)}]",
+              file=sys.stderr)
     results, timings = [], []
     for i, start in enumerate(range(0, len(texts), batch)):  # each batch written as it finishes
         with naming_prompts(sources, start):

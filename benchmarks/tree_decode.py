@@ -20,9 +20,7 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
   `benchmarks/results/lookup_decode_speed_run4_cpu.json`) and the tree at fixed widths and with the width rule
   on costs measured here (`sbd_jax.decoding.tree_width`); with `--draft-memory`, the width rule also with the
   draft memory (the successor table and earlier answers) kept from prompt to prompt (batch 1) or batch to batch
-  (batch 8). The costs come from `choose_draft_widths` (`--draft-nodes auto`), whose calibration's verdict the
-  width-rule rows record (`auto_decodes_with`): `--draft-nodes auto` decodes as that row where it is "tree", as
-  the NTP row where it is "ntp" (the calibration's own seconds are not in either).
+  (batch 8).
 - overhead: what the verifying loop costs beyond the forward: NTP against each tree source with every pass
   forced to the root alone (a cost curve on which any wider pass costs 10^9 times the root), first 16 test
   prompts at batch 8 and 4 at batch 1 (`--speed-batches`), same tokens, so the time ratio is the loop's
@@ -128,31 +126,26 @@ def forwards_rows(model, args, progress) -> list[dict]:
 def speed_rows(model, args, progress) -> list[dict]:
     from benchmarks.lookup_rule import split_prompts
     from sbd_jax.decoding.settings import Settings
-    from sbd_jax.decoding.tree_width import choose_draft_widths
+    from sbd_jax.decoding.tree_width import measure_pass_costs
 
     prompts = split_prompts(model.tokenizer, args.speed_split, max(args.batch1_prompts, 16))
     rows: list[dict] = []
     for batch, n in ((b, args.batch1_prompts if b == 1 else 16) for b in args.speed_batches):
-        choice = choose_draft_widths(model, prompts, batch, settings(Drafts.TREE, args.depth, args.max_new_tokens,
-                                                                     max(args.nodes)))
-        costs = choice.pass_costs
+        costs = measure_pass_costs(model, prompts[:batch], batch, args.max_new_tokens, max(args.nodes))
         deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens)),
                     ("lookup chain k=8 min match 2", settings(Drafts.LOOKUP, 7, args.max_new_tokens, min_match=2))]
         deciders += [(f"tree n={m}", settings(Drafts.TREE, args.depth, args.max_new_tokens, m)) for m in args.nodes]
         deciders += [(named("tree, width rule", memory), settings(Drafts.TREE, args.depth, args.max_new_tokens,
                                                                    max(args.nodes), costs=costs, memory=memory))
                      for memory in MEMORIES[args.draft_memory]]
-        auto = {"auto_decodes_with": "ntp" if choice.settings.mode == Mode.NTP else "tree",
-                "calibration_speedup": choice.speedup, "calibration_tokens_per_forward": choice.tokens_per_forward}
-        timed_rows(model, deciders, prompts[:n], batch, rows, progress, extra={"tree, width rule": auto})
+        timed_rows(model, deciders, prompts[:n], batch, rows, progress)
     return rows
 
 
-def timed_rows(model, deciders, prompts, batch: int, rows: list[dict], progress, extra: dict | None = None) -> None:
+def timed_rows(model, deciders, prompts, batch: int, rows: list[dict], progress) -> None:
     """Each (name, settings) of `deciders` compiled and warmed on one batch, then timed on `prompts`; a row each
     appended to `rows` (and `progress(rows)` after each) with its outputs against the first decider's (NTP) and
-    its tokens/s (`vs_ntp`) and seconds (`seconds_vs_ntp`) against NTP's; `extra[prefix]`'s fields added to the
-    rows whose name starts with `prefix`."""
+    its tokens/s (`vs_ntp`) and seconds (`seconds_vs_ntp`) against NTP's."""
     from benchmarks.lookup_decode import summary
 
     reference = None
@@ -166,7 +159,6 @@ def timed_rows(model, deciders, prompts, batch: int, rows: list[dict], progress,
         ntp = next(r for r in rows if r["batch"] == batch and r["decoder"] == Mode.NTP)
         rows[-1]["vs_ntp"] = rows[-1]["tokens_per_second"] / ntp["tokens_per_second"]
         rows[-1]["seconds_vs_ntp"] = rows[-1]["decode_seconds"] / ntp["decode_seconds"]
-        rows[-1].update(next((v for k, v in (extra or {}).items() if name.startswith(k)), {}))
         print(rows[-1], flush=True)
         progress(rows)
 

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Iterable, Sequence
 
 import jax
@@ -22,7 +23,6 @@ import jax
 from sbd_jax.decoding.block_choice import BLOCK_SIZES, BlockChoice, measure_block_choice
 from sbd_jax.decoding.generate import BatchTiming, DraftMemory, Executables, Generation, generate
 from sbd_jax.decoding.settings import Mode, Settings
-from sbd_jax.decoding.tree_width import WidthChoice, choose_draft_widths
 from sbd_jax.errors import PromptError, UserError
 from sbd_jax.model.config import DType
 
@@ -96,13 +96,16 @@ class SBDModel:
         return measure_block_choice(self, self.encode_batch(prompts, chat), batch, block_sizes,
                                     settings.max_new_tokens, calibration_tokens, verified=settings)
 
-    def choose_draft_widths(self, prompts: str | Sequence[str], batch: int, settings: Settings, *,
-                            chat: bool = False) -> WidthChoice:
-        """What `--draft-nodes auto` runs: `settings` (tree drafts) with the cost of each pass width timed here
-        at `batch` rows, in the cache a decode of `prompts` gets, so that each pass runs the width with the most
-        expected tokens per second; or NTP where a short timed decode of the first batch found the tree slower
-        (`sbd_jax.decoding.tree_width.choose_draft_widths`). Its `.settings` decode; `.describe()` says why."""
-        return choose_draft_widths(self, self.encode_batch(prompts, chat), batch, settings)
+    def with_measured_widths(self, prompts: str | Sequence[str], batch: int, settings: Settings, *,
+                             chat: bool = False) -> Settings:
+        """`settings` (tree drafts) with the cost of each pass width timed here at `batch` rows, in the cache a
+        decode of `prompts` gets: each pass then runs the width with the most expected tokens per second
+        (`sbd_jax.decoding.tree_width`; what `--draft-nodes auto` does)."""
+        from sbd_jax.decoding.tree_width import measure_pass_costs
+
+        costs = measure_pass_costs(self, self.encode_batch(prompts, chat)[:batch], batch, settings.max_new_tokens,
+                                   settings.draft_nodes)
+        return dataclasses.replace(settings, pass_costs=costs)
 
 
 def settings_of(settings: Settings | None, options: dict[str, Any], **implied: Any) -> Settings:

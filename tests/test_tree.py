@@ -303,32 +303,3 @@ def test_the_width_rule_runs_every_candidate_on_a_gpus_modeled_costs_and_the_roo
         assert decoder.pass_widths[int(decoder.width_choice(tree, jnp.ones((1,), bool), overconfident))] == (
             1 if costs is steep else 4)
 
-
-@pytest.mark.parametrize("ntp_seconds, tree_seconds, picked", [(1.0, 2.0, "ntp"), (2.0, 1.0, "tree")])
-def test_draft_nodes_auto_decodes_with_ntp_where_the_calibration_found_the_tree_slower(
-        monkeypatch, ntp_seconds, tree_seconds, picked):
-    """`choose_draft_widths` (`--draft-nodes auto`): the widths' costs timed, then NTP wherever the short timed
-    decode of the tree was not faster (its timings replaced here, so the verdict is the rule's, not the
-    machine's); the chosen settings still decode NTP's tokens."""
-    import types
-
-    from sbd_jax.decoding import generate as generate_module
-    from sbd_jax.decoding.settings import Mode, Settings
-    from sbd_jax.decoding.tree_width import choose_draft_widths
-
-    real = generate_module.generate_batched
-
-    def timed(decoder, *args, **kwargs):
-        generations, timing = real(decoder, *args, **kwargs)
-        return generations, timing._replace(decode_seconds=ntp_seconds if isinstance(decoder, NTPDecoder) else tree_seconds)
-
-    monkeypatch.setattr(generate_module, "generate_batched", timed)
-    model = types.SimpleNamespace(config=CFG, params=params())
-    tree = Settings(mode=Mode.SBD, verify=True, drafts="tree", block_size=5, draft_nodes=4, max_new_tokens=12)
-    choice = choose_draft_widths(model, PROMPTS, 2, tree, calibration_tokens=8)
-    assert [w for w, _ in choice.pass_costs] == [1, 2, 4, 5] and choice.speedup == ntp_seconds / tree_seconds
-    assert choice.settings == (tree.as_ntp() if picked == "ntp" else dataclasses.replace(tree, pass_costs=choice.pass_costs))
-    assert ("decoding with NTP" if picked == "ntp" else "decoding with the tree") in choice.describe()
-    ntp = generate(NTPDecoder(CFG, max_new_tokens=12), params(), PROMPTS[:2])[0]
-    chosen = real(choice.settings.decoder(CFG), params(), PROMPTS[:2], 2)[0]
-    assert [g.token_ids for g in chosen] == [g.token_ids for g in ntp]
