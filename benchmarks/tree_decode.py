@@ -14,8 +14,8 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
   tokens per forward, and outputs against the committed base NTP outputs (the same ones `lookup_decode` uses).
   `--modeled-costs HW` adds the tree with the width rule on the pass costs `sbd_jax.roofline` predicts for HW at
   this batch (`tree_width.modeled_pass_costs`): the widths its rule would pick there, in tokens per forward.
-- speed: decode tokens/s at batch 1 (`--batch1-prompts` test prompts, or HumanEval problems with `--speed-split
-  humaneval`, one at a time) and batch 8 (16 prompts):
+- speed: decode tokens/s at batch 1 (`--batch1-prompts` prompts one at a time) and batch 8 (16 prompts), of the
+  test prompts or, with `--speed-split humaneval`, the HumanEval problems (the pass costs are timed on them too):
   NTP, chain lookup (block 8, shortest match 2: the chain's best at batch 1 on a CPU,
   `benchmarks/results/lookup_decode_speed_run4_cpu.json`) and the tree at fixed widths and with the width rule
   on costs measured here (`sbd_jax.decoding.tree_width`); with `--draft-memory`, the width rule also with the
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
                         help="forwards: also the width rule on HW's pass costs as sbd_jax.roofline models them")
     parser.add_argument("--no-chain", action="store_true", help="leave out chain lookup (measured already)")
     parser.add_argument("--batch", type=int, default=16, help="validation / forwards: rows a batch")
-    parser.add_argument("--batch1-prompts", type=int, default=40, help="speed: test prompts decoded at batch 1")
+    parser.add_argument("--batch1-prompts", type=int, default=40, help="speed: prompts of --speed-split decoded at batch 1")
     parser.add_argument("--speed-split", choices=("test", "humaneval"), default="test",
                         help="speed: the recipe's test prompts or its HumanEval problems")
     parser.add_argument("--speed-batches", type=int, nargs="+", default=[1, 8], choices=(1, 8),

@@ -20,6 +20,16 @@ def test_benchmark_results_carry_their_commit(tmp_path):
     assert data["provenance"]["measured_at"].startswith("20") and data["provenance"]["device"]
 
 
+def test_a_run_that_outlasts_a_commit_records_the_commit_it_began_with(monkeypatch):
+    """The code is read when a run starts and its file written when it ends: a commit made meanwhile (another
+    change of the same session) must not pass for the code that measured."""
+    monkeypatch.setattr(provenance, "STARTED_AT_COMMIT", "abc1234")
+    stamp = provenance.provenance()
+    assert stamp["commit"] == "abc1234" and stamp["written_at_commit"] == provenance.commit()
+    monkeypatch.setattr(provenance, "STARTED_AT_COMMIT", provenance.commit())
+    assert "written_at_commit" not in provenance.provenance()
+
+
 def test_a_copy_without_git_takes_the_commit_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setattr(provenance, "ROOT", str(tmp_path))
     monkeypatch.setenv("SBD_COMMIT", "abc1234")

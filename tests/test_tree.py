@@ -302,4 +302,3 @@ def test_the_width_rule_runs_every_candidate_on_a_gpus_modeled_costs_and_the_roo
         overconfident = 0.05  # calibrated: the scores predicted 20 times the tokens kept
         assert decoder.pass_widths[int(decoder.width_choice(tree, jnp.ones((1,), bool), overconfident))] == (
             1 if costs is steep else 4)
-

@@ -34,12 +34,18 @@ def commit() -> str:
     return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no", "--", *CODE_FILES) else "")
 
 
+STARTED_AT_COMMIT = commit()  # at import, i.e. when the run began: a run may outlast a commit made meanwhile
+
+
 def provenance() -> dict[str, str]:
-    """`commit`, `measured_at` (UTC, ISO 8601), the `command` that ran, the `machine` (host, CPUs),
-    the `jax` version and the first `device`."""
+    """`commit` (the code the run began with), `measured_at` (UTC, ISO 8601), the `command` that ran, the
+    `machine` (host, CPUs), the `jax` version and the first `device`; `written_at_commit` too where the checkout
+    moved on while the run went (the file is written at the end, the code was read at the start)."""
     import jax
 
-    return {"commit": commit(), "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    now = commit()
+    return {"commit": STARTED_AT_COMMIT, **({"written_at_commit": now} if now != STARTED_AT_COMMIT else {}),
+            "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": shlex.join([os.path.basename(sys.executable), *sys.orig_argv[1:]]),
             "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()})",
             "jax": jax.__version__, "device": str(jax.devices()[0])}
