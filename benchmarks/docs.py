@@ -128,6 +128,7 @@ def arithmetic_verified(data: dict) -> tuple[str, str, str]:
 
 
 TREE_SPEED = ("benchmarks/results/tree_decode_speed_batch1_cpu.json",)
+TREE_SPEED_HUMANEVAL = ("benchmarks/results/tree_decode_speed_humaneval_batch1_cpu.json",)
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
 HEADLINE = [
@@ -151,6 +152,10 @@ HEADLINE = [
     Row("the same", "verified, tree drafts, 16 nodes", TREE_SPEED, speed_at_batch_1("tree n=16")),
     Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)", TREE_SPEED,
         speed_at_batch_1("tree, width rule")),
+    Row("base SmolLM2-135M, the first 20 HumanEval problems, one at a time", "verified, lookup drafts, block 8, "
+        "`--lookup-min-match 2`", TREE_SPEED_HUMANEVAL, speed_at_batch_1("lookup chain k=8 min match 2")),
+    Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)",
+        TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
     Row("SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` ({adapter_steps} steps), 200 held-out chat prompts",
         "verified, SBD drafts, block 4", (SHIPPED,), shipped_headline(drafts=Drafts.SBD)),
     Row("the same prompts, base SmolLM2-135M", "verified, lookup drafts, block 4", (SHIPPED,),
