@@ -131,6 +131,7 @@ TREE_SPEED = ("benchmarks/results/tree_decode_speed_batch1_cpu.json",)
 TREE_SPEED_HUMANEVAL = ("benchmarks/results/tree_decode_speed_humaneval_batch1_cpu.json",)
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
+SHIPPED_HUMANEVAL = "recipes/smollm2_sbd/results/shipped_adapter/headline_humaneval_4.json"
 HEADLINE = [
     Row("base SmolLM2-135M (no fine-tune), 200 held-out chat prompts", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("test")),
@@ -171,6 +172,14 @@ HEADLINE = [
         (SHIPPED,), shipped_headline(drafts=Drafts.SBD_TREE, draft_nodes=DEFAULT_DRAFT_NODES)),
     Row("the same", "verified, hybrid drafts, block 4, `--fallback-blocks 3`", (SHIPPED,),
         shipped_headline(drafts=Drafts.HYBRID, fallback_blocks=3)),
+    Row("SmolLM2-135M + the shipped adapter, 164 HumanEval problems", "verified, SBD drafts, block 4",
+        (SHIPPED_HUMANEVAL,), shipped_headline(drafts=Drafts.SBD)),
+    Row("the same problems, base SmolLM2-135M", "verified, lookup drafts, block 4", (SHIPPED_HUMANEVAL,),
+        shipped_headline(drafts=Drafts.LOOKUP)),
+    Row("the same, with the shipped adapter", f"verified, tree-sbd drafts, {DEFAULT_DRAFT_NODES} nodes, block 4, "
+        "`--draft-memory`", (SHIPPED_HUMANEVAL,),
+        shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=DEFAULT_DRAFT_NODES, draft_memory=True)),
+    Row("the same", "verified, hybrid drafts, block 4", (SHIPPED_HUMANEVAL,), shipped_headline(drafts=Drafts.HYBRID)),
     Row("small-scale SBD model (0.8M parameters, worked addition), 2,000 test problems",
         "plain SBD (Entropy-Bounded, γ chosen on validation), block 8", ("experiments/small_scale/results.json",),
         small_scale_plain),
