@@ -91,6 +91,8 @@ def summary(entry: dict, reference: dict | None) -> dict:
     tokens, nfe = sum(map(len, entry["outputs"])), sum(entry["nfe"])
     out = {k: entry[k] for k in ("model", *FIELDS, "split", "n", "seconds")}
     out.update({k: entry[k] for k in OPTIONAL if k in entry})  # so rows of another width or memory stay apart
+    if "commit" in entry:  # entries measured before entries recorded it have only their file's provenance
+        out["commit"] = entry["commit"]
     out.update(tokens_per_forward=tokens / max(nfe, 1), mean_tokens=tokens / max(entry["n"], 1),
                accepted_fraction=entry["accepted"] / entry["drafted"] if entry["drafted"] else None,
                # loops make blocks easy: a setting that loops more gets more tokens per forward for it

@@ -1,4 +1,5 @@
-"""Evaluation entries computed once and kept in a JSON file: a recipe's evaluation resumes where it stopped."""
+"""Evaluation entries computed once and kept in a JSON file: a recipe's evaluation resumes where it stopped.
+Each entry records the commit its run began at: a file filled by several runs names each entry's code."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import os
 import time
 from typing import Any, Callable
 
+from sbd_jax.evaluation.results import STARTED_AT_COMMIT
+
 
 class EntryCache:
-    """`get(key, compute)` returns the stored entry, or computes, times, stores and prints it."""
+    """`get(key, compute)` returns the stored entry, or computes, times, stores (with the `commit` it was
+    measured at) and prints it."""
 
     def __init__(self, path: str):
         self.path = path
@@ -19,7 +23,7 @@ class EntryCache:
         if key not in self.entries:
             began = time.perf_counter()
             entry = compute()
-            self.entries[key] = {**entry, "seconds": time.perf_counter() - began}
+            self.entries[key] = {**entry, "seconds": time.perf_counter() - began, "commit": STARTED_AT_COMMIT}
             self.save()
             print(f"{describe(self.entries[key])} ({self.entries[key]['seconds']:.0f} s)", flush=True)
         return self.entries[key]
