@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # All GPU measurements of the project, for one H100 / H200, in calls on one warm machine (15 minutes of
 # device time, start-up included; the machine is released 30 s after a call, so make the next at once).
-# The lookup stage needs the base SmolLM2, a 98 MB GGUF; a call carries 64 MiB with the repository (19 MB)
-# included, so the file travels in three parts, one a call. Here, once:
+# The lookup stage needs the base SmolLM2, a 98 MB GGUF; a call carries 64 MiB with the working tree (32 MB
+# since the shipped adapter; tests/test_gpu_scripts.py checks the sum) included, so the file travels in five
+# 20 MB parts, one a call. Here, once:
 #   bash recipes/smollm2_sbd/fetch_wheels.sh       # grain, ml-collections, gguf, ... as wheels in .whl/
-#   mkdir -p .model && split -b 36M "$(python -c 'from sbd_jax.checkpoints.load import resolve; print(resolve("smollm2-135m"))')" .model/smollm2.gguf.
+#   mkdir -p .model && split -b 20M "$(python -c 'from sbd_jax.checkpoints.load import resolve; print(resolve("smollm2-135m"))')" .model/smollm2.gguf.
 # then, each call at once after the last (results come back from $OUT, each JSON with that commit: the copy
 # has no .git; ignored paths a call carried stay on the warm machine for the next):
 #   run(command="SBD_COMMIT=<git rev-parse --short HEAD here> bash benchmarks/h200.sh",
 #       carry=[".whl", ".model/smollm2.gguf.aa"], timeout_s=500)
-#   run(command="true", carry=[".model/smollm2.gguf.ab"], timeout_s=30)
+#   run(command="true", carry=[".model/smollm2.gguf.ab"], timeout_s=30)     # and so .ac, .ad
 #   run(command="cat .model/smollm2.gguf.a? > /tmp/smollm2.gguf && SBD_COMMIT=<same> bash benchmarks/h200.sh
-#       --lookup /tmp/smollm2.gguf", carry=[".model/smollm2.gguf.ac"], timeout_s=200)
+#       --lookup /tmp/smollm2.gguf", carry=[".model/smollm2.gguf.ae"], timeout_s=200)
 #   bash benchmarks/h200.sh --smoke                              # tiny shapes, any machine (CPU): tests the script
 #   bash benchmarks/h200.sh --dry-run                            # print the plan (compiles, forwards, minutes)
 # Stages, each under its own timeout so a failure or an overrun costs only itself, most valuable first:

