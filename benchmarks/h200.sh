@@ -28,10 +28,12 @@
 #      fine-tune; fp32 at full matmul precision, so outputs are NTP's) against NTP on the recipe's test
 #      prompts: tokens/s at batch 1 (8 prompts) then 8 (16), blocks 4 / 8 / 16 -> h200_lookup_smollm2.json
 #      (benchmarks/lookup_decode.py)
-#   4. tree (last call, <= 100 s): the same with tree drafts (context matches and the model's own successors)
-#      at 16, 32 and 64 nodes and with the width rule on costs measured there, also with the draft memory
-#      (successors, earlier answers) kept from prompt to prompt (--draft-memory) -> h200_tree_smollm2.json
-#      (benchmarks/tree_decode.py --parts speed)
+#   4. tree (last call, <= 100 s): the same with the shipped adapter (smollm2-135m-sbd, in the repository): its
+#      SBD block as a chain and tree-sbd at block 4, the rows the recipe counts forwards of (does the adapter
+#      pay on a GPU?); then tree drafts (context matches and the model's own successors) at 16, 32 and 64
+#      nodes and with the width rule on costs measured there, also with the draft memory (successors, earlier
+#      answers) kept from prompt to prompt (--draft-memory); rows cut from the end if short of time
+#      -> h200_tree_smollm2.json (benchmarks/tree_decode.py --parts speed)
 # Every stage rewrites its JSON after each point, and the log is teed, into ${OUT:-benchmarks/results}:
 # a run cut short returns what it measured. Files: h200_preflight.json, h200_sbd.json,
 # h200_forward_cost_llama3_8b.json, h200_lookup_smollm2.json, h200_log.txt. The GPU image has jax (CUDA),
@@ -82,14 +84,14 @@ tree() {  # tree LIMIT MODEL ARGS...: the tree stage on MODEL
 if [[ "$mode" == "--lookup" ]]; then
   [[ -f "${2:-}" ]] || { echo "--lookup needs the SmolLM2 GGUF file, joined on this machine (see the header)"; exit 2; }
   lookup 90 "$2" --block-sizes 8 4 16
-  tree 100 "$2" --nodes 16 32 64 --batch1-prompts 8 --draft-memory
+  tree 100 "$2" --nodes 16 32 64 --batch1-prompts 8 --draft-memory --adapter smollm2-135m-sbd
 elif [[ "$mode" == "--smoke" ]]; then
   stage preflight 60 python3 -m benchmarks.preflight --out "${prefix}_preflight.json"
   stage forward_cost 300 python3 -m benchmarks.forward_cost --model smollm2-135m --ks 1 2 --batches 1 --kv 64 \
     --repeats 1 --out "${prefix}_forward_cost.json"
   stage sbd 600 python3 -m benchmarks.sbd_gpu --smoke --out "${prefix}_sbd.json"
   lookup 600 smollm2-135m --block-sizes 4 --batch1-prompts 1 --max-new-tokens 8
-  tree 600 smollm2-135m --nodes 4 --batch1-prompts 1 --max-new-tokens 8 --draft-memory
+  tree 600 smollm2-135m --nodes 4 --batch1-prompts 1 --max-new-tokens 8 --draft-memory --adapter smollm2-135m-sbd
 else
   stage preflight 40 python3 -m benchmarks.preflight --out "${prefix}_preflight.json"
   stage sbd 220 python3 -m benchmarks.sbd_gpu --out "${prefix}_sbd.json"

@@ -20,7 +20,8 @@ against NTP, chain lookup and `transformers`' own prompt lookup, every output ch
   `benchmarks/results/lookup_decode_speed_run4_cpu.json`) and the tree at fixed widths and with the width rule
   on costs measured here (`sbd_jax.decoding.tree_width`); with `--draft-memory`, the width rule also with the
   draft memory (the successor table and earlier answers) kept from prompt to prompt (batch 1) or batch to batch
-  (batch 8).
+  (batch 8); with `--adapter NAME`, that gated adapter's SBD block as a chain and its tree-sbd (block
+  `--adapter-block-size`), timed against the base's NTP (the adapter acts on block positions only).
 - overhead: what the verifying loop costs beyond the forward: NTP against each tree source with every pass
   forced to the root alone (a cost curve on which any wider pass costs 10^9 times the root), first 16 test
   prompts at batch 8 and 4 at batch 1 (`--speed-batches`), same tokens, so the time ratio is the loop's
@@ -123,7 +124,9 @@ def forwards_rows(model, args, progress) -> list[dict]:
     return rows
 
 
-def speed_rows(model, args, progress) -> list[dict]:
+def speed_rows(model, args, progress, drafter=None) -> list[dict]:
+    """The speed part; with `drafter` (the model with `--adapter`), also its SBD block as a chain and its tree-sbd
+    at `--adapter-block-size`, right after chain lookup (the rows the recipe's headline counts forwards of)."""
     from benchmarks.lookup_rule import split_prompts
     from sbd_jax.decoding.settings import Settings
     from sbd_jax.decoding.tree_width import measure_pass_costs
@@ -132,24 +135,31 @@ def speed_rows(model, args, progress) -> list[dict]:
     rows: list[dict] = []
     for batch, n in ((b, args.batch1_prompts if b == 1 else 16) for b in args.speed_batches):
         costs = measure_pass_costs(model, prompts[:batch], batch, args.max_new_tokens, max(args.nodes))
-        deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens)),
-                    ("lookup chain k=8 min match 2", settings(Drafts.LOOKUP, 7, args.max_new_tokens, min_match=2))]
-        deciders += [(f"tree n={m}", settings(Drafts.TREE, args.depth, args.max_new_tokens, m)) for m in args.nodes]
+        deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens), model),
+                    ("lookup chain k=8 min match 2", settings(Drafts.LOOKUP, 7, args.max_new_tokens, min_match=2),
+                     model)]
+        if drafter is not None:
+            k = args.adapter_block_size
+            deciders += [(f"adapter, sbd chain k={k}", settings(Drafts.SBD, k - 1, args.max_new_tokens), drafter),
+                         (f"adapter, tree-sbd n={max(args.nodes)} k={k}",
+                          settings(Drafts.TREE_SBD, k - 1, args.max_new_tokens, max(args.nodes)), drafter)]
+        deciders += [(f"tree n={m}", settings(Drafts.TREE, args.depth, args.max_new_tokens, m), model)
+                     for m in args.nodes]
         deciders += [(named("tree, width rule", memory), settings(Drafts.TREE, args.depth, args.max_new_tokens,
-                                                                   max(args.nodes), costs=costs, memory=memory))
+                                                                   max(args.nodes), costs=costs, memory=memory), model)
                      for memory in MEMORIES[args.draft_memory]]
-        timed_rows(model, deciders, prompts[:n], batch, rows, progress)
+        timed_rows(deciders, prompts[:n], batch, rows, progress)
     return rows
 
 
-def timed_rows(model, deciders, prompts, batch: int, rows: list[dict], progress) -> None:
-    """Each (name, settings) of `deciders` compiled and warmed on one batch, then timed on `prompts`; a row each
-    appended to `rows` (and `progress(rows)` after each) with its outputs against the first decider's (NTP) and
-    its tokens/s (`vs_ntp`) and seconds (`seconds_vs_ntp`) against NTP's."""
+def timed_rows(deciders, prompts, batch: int, rows: list[dict], progress) -> None:
+    """Each (name, settings, model) of `deciders` compiled and warmed on one batch, then timed on `prompts`; a row
+    each appended to `rows` (and `progress(rows)` after each) with its outputs against the first decider's (NTP)
+    and its tokens/s (`vs_ntp`) and seconds (`seconds_vs_ntp`) against NTP's."""
     from benchmarks.lookup_decode import summary
 
     reference = None
-    for name, s in deciders:
+    for name, s, model in deciders:
         decode(model, s, prompts[:batch], batch)  # compile and warm apart from the timed run
         results, timing = decode(model, s, prompts, batch)
         reference = reference or [r.token_ids for r in results]
@@ -175,13 +185,13 @@ def overhead_rows(model, args, progress) -> list[dict]:
     rows: list[dict] = []
     for batch in args.speed_batches:
         prompts = test[:16 if batch > 1 else 4]
-        deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens))]
+        deciders = [(Mode.NTP.value, Settings(max_new_tokens=args.max_new_tokens), model)]
         deciders += [(named(f"{drafts} n={n}, root alone", memory),
                       settings(drafts, args.depth, args.max_new_tokens, n, costs=((1, ROOT_ALONE), (1 + n, 1.0)),
-                               memory=memory))
+                               memory=memory), model)
                      for drafts in args.sources for memory in MEMORIES[args.draft_memory]
                      if not memory or Drafts(drafts).keeps_memory]
-        timed_rows(model, deciders, prompts, batch, rows, progress)
+        timed_rows(deciders, prompts, batch, rows, progress)
     return rows
 
 
@@ -207,6 +217,9 @@ def main(argv: list[str] | None = None) -> dict:
                         help="speed / overhead: the batch sizes measured")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="speed / overhead: tokens a prompt")
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--adapter", default=None, help="speed: also this gated adapter of --model (a shipped name "
+                        "or directory): its SBD block as a chain and tree-sbd, against the base's NTP")
+    parser.add_argument("--adapter-block-size", type=int, default=4, help="the adapter rows' block size")
     parser.add_argument("--out", default=None, help="default benchmarks/results/tree_decode_{part}_cpu.json")
     args = parser.parse_args(argv)
     if args.modeled_costs:  # before the slow parts: the roofline must know the model
@@ -216,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     from sbd_jax.api import load
 
     model = load(args.model)
+    drafter = load(args.model, adapter=args.adapter) if args.adapter else None
     result: dict = {}
     for part in args.parts:
         out = args.out or os.path.join(ROOT, "benchmarks", "results", f"tree_decode_{part}_cpu.json")
@@ -224,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
             write_json(out, {"args": vars(args), part: rows})
 
         rows = {"validation": lambda: validation_rows(model, args), "forwards": lambda: forwards_rows(model, args, progress),
-                "speed": lambda: speed_rows(model, args, progress),
+                "speed": lambda: speed_rows(model, args, progress, drafter),
                 "overhead": lambda: overhead_rows(model, args, progress)}[part]()
         progress(rows)
         result[part] = rows
