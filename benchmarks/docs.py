@@ -134,6 +134,28 @@ TREE_SPEED_HUMANEVAL = ("benchmarks/results/tree_decode_speed_humaneval_batch1_c
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
 SHIPPED_HUMANEVAL = "recipes/smollm2_sbd/results/shipped_adapter/headline_humaneval_4.json"
+
+
+def shipped_rows(path: str, prompts: str) -> list[Row]:
+    """The shipped adapter's headline rows of one split at block 4: its SBD chain beside the base's lookup, then
+    the mixed tree (with and without the draft memory), hybrid, SBD's block as a tree, hybrid with fallback blocks."""
+    n = DEFAULT_DRAFT_NODES
+    return [
+        Row(f"SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` ({{adapter_steps}} steps), {prompts}",
+            "verified, SBD drafts, block 4", (path,), shipped_headline(drafts=Drafts.SBD)),
+        Row("the same prompts, base SmolLM2-135M", "verified, lookup drafts, block 4", (path,),
+            shipped_headline(drafts=Drafts.LOOKUP)),
+        Row("the same, with the shipped adapter", "verified, tree-sbd drafts (context matches, successors and SBD's "
+            f"block in one tree), {n} nodes, block 4", (path,), shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=n)),
+        Row("the same", f"verified, tree-sbd drafts, {n} nodes, block 4, `--draft-memory`", (path,),
+            shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=n, draft_memory=True)),
+        Row("the same", "verified, hybrid drafts (per row, SBD's block or lookup), block 4", (path,),
+            shipped_headline(drafts=Drafts.HYBRID)),
+        Row("the same", f"verified, sbd-tree drafts (SBD's block as a tree), {n} nodes, block 4", (path,),
+            shipped_headline(drafts=Drafts.SBD_TREE, draft_nodes=n)),
+        Row("the same", "verified, hybrid drafts, block 4, `--fallback-blocks 3`", (path,),
+            shipped_headline(drafts=Drafts.HYBRID, fallback_blocks=3)),
+    ]
 HEADLINE = [
     Row("base SmolLM2-135M (no fine-tune), 200 held-out chat prompts", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("test")),
@@ -159,29 +181,8 @@ HEADLINE = [
         "`--lookup-min-match 2`", TREE_SPEED_HUMANEVAL, speed_at_batch_1("lookup chain k=8 min match 2")),
     Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)",
         TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
-    Row("SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` ({adapter_steps} steps), 200 held-out chat prompts",
-        "verified, SBD drafts, block 4", (SHIPPED,), shipped_headline(drafts=Drafts.SBD)),
-    Row("the same prompts, base SmolLM2-135M", "verified, lookup drafts, block 4", (SHIPPED,),
-        shipped_headline(drafts=Drafts.LOOKUP)),
-    Row("the same, with the shipped adapter", "verified, tree-sbd drafts (context matches, successors and SBD's "
-        f"block in one tree), {DEFAULT_DRAFT_NODES} nodes, block 4", (SHIPPED,),
-        shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=DEFAULT_DRAFT_NODES)),
-    Row("the same", f"verified, tree-sbd drafts, {DEFAULT_DRAFT_NODES} nodes, block 4, `--draft-memory`", (SHIPPED,),
-        shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=DEFAULT_DRAFT_NODES, draft_memory=True)),
-    Row("the same", "verified, hybrid drafts (per row, SBD's block or lookup), block 4", (SHIPPED,),
-        shipped_headline(drafts=Drafts.HYBRID)),
-    Row("the same", f"verified, sbd-tree drafts (SBD's block as a tree), {DEFAULT_DRAFT_NODES} nodes, block 4",
-        (SHIPPED,), shipped_headline(drafts=Drafts.SBD_TREE, draft_nodes=DEFAULT_DRAFT_NODES)),
-    Row("the same", "verified, hybrid drafts, block 4, `--fallback-blocks 3`", (SHIPPED,),
-        shipped_headline(drafts=Drafts.HYBRID, fallback_blocks=3)),
-    Row("SmolLM2-135M + the shipped adapter, 164 HumanEval problems", "verified, SBD drafts, block 4",
-        (SHIPPED_HUMANEVAL,), shipped_headline(drafts=Drafts.SBD)),
-    Row("the same problems, base SmolLM2-135M", "verified, lookup drafts, block 4", (SHIPPED_HUMANEVAL,),
-        shipped_headline(drafts=Drafts.LOOKUP)),
-    Row("the same, with the shipped adapter", f"verified, tree-sbd drafts, {DEFAULT_DRAFT_NODES} nodes, block 4, "
-        "`--draft-memory`", (SHIPPED_HUMANEVAL,),
-        shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=DEFAULT_DRAFT_NODES, draft_memory=True)),
-    Row("the same", "verified, hybrid drafts, block 4", (SHIPPED_HUMANEVAL,), shipped_headline(drafts=Drafts.HYBRID)),
+    *shipped_rows(SHIPPED, "200 held-out chat prompts"),
+    *shipped_rows(SHIPPED_HUMANEVAL, "164 HumanEval problems"),
     Row("small-scale SBD model (0.8M parameters, worked addition), 2,000 test problems",
         "plain SBD (Entropy-Bounded, γ chosen on validation), block 8", ("experiments/small_scale/results.json",),
         small_scale_plain),
