@@ -131,6 +131,7 @@ def arithmetic_verified(data: dict) -> tuple[str, str, str]:
 
 TREE_SPEED = ("benchmarks/results/tree_decode_speed_batch1_cpu.json",)
 TREE_SPEED_HUMANEVAL = ("benchmarks/results/tree_decode_speed_humaneval_batch1_cpu.json",)
+ADAPTER_SPEED = ("benchmarks/results/tree_decode_speed_adapter_batch1_cpu.json",)
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
 SHIPPED_HUMANEVAL = "recipes/smollm2_sbd/results/shipped_adapter/headline_humaneval_4.json"
@@ -183,6 +184,12 @@ HEADLINE = [
         TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
     *shipped_rows(SHIPPED, "200 held-out chat prompts"),
     *shipped_rows(SHIPPED_HUMANEVAL, "164 HumanEval problems"),
+    Row("SmolLM2-135M + the shipped adapter, the first 20 held-out chat prompts, one at a time",
+        "verified, SBD drafts, block 4", ADAPTER_SPEED, speed_at_batch_1("adapter, sbd chain k=4")),
+    Row("the same", f"verified, tree-sbd drafts, {DEFAULT_DRAFT_NODES} nodes, block 4", ADAPTER_SPEED,
+        speed_at_batch_1(f"adapter, tree-sbd n={DEFAULT_DRAFT_NODES} k=4")),
+    Row("the same prompts, base SmolLM2-135M", "verified, lookup drafts, block 8, `--lookup-min-match 2`",
+        ADAPTER_SPEED, speed_at_batch_1("lookup chain k=8 min match 2")),
     Row("small-scale SBD model (0.8M parameters, worked addition), 2,000 test problems",
         "plain SBD (Entropy-Bounded, γ chosen on validation), block 8", ("experiments/small_scale/results.json",),
         small_scale_plain),
