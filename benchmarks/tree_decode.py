@@ -36,6 +36,7 @@ import sys
 
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Mode
+from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES
 from sbd_jax.evaluation.results import write_json
 from sbd_jax.roofline import HARDWARE, lookup
 
@@ -126,7 +127,8 @@ def forwards_rows(model, args, progress) -> list[dict]:
 
 def speed_rows(model, args, progress, drafter=None) -> list[dict]:
     """The speed part; with `drafter` (the model with `--adapter`), also its SBD block as a chain and its tree-sbd
-    at `--adapter-block-size`, right after chain lookup (the rows the recipe's headline counts forwards of)."""
+    (the default 16 nodes, whatever `--nodes`) at `--adapter-block-size`, right after chain lookup: the rows the
+    recipe's headline counts forwards of."""
     from benchmarks.lookup_rule import split_prompts
     from sbd_jax.decoding.settings import Settings
     from sbd_jax.decoding.tree_width import measure_pass_costs
@@ -141,8 +143,8 @@ def speed_rows(model, args, progress, drafter=None) -> list[dict]:
         if drafter is not None:
             k = args.adapter_block_size
             deciders += [(f"adapter, sbd chain k={k}", settings(Drafts.SBD, k - 1, args.max_new_tokens), drafter),
-                         (f"adapter, tree-sbd n={max(args.nodes)} k={k}",
-                          settings(Drafts.TREE_SBD, k - 1, args.max_new_tokens, max(args.nodes)), drafter)]
+                         (f"adapter, tree-sbd n={DEFAULT_DRAFT_NODES} k={k}",
+                          settings(Drafts.TREE_SBD, k - 1, args.max_new_tokens, DEFAULT_DRAFT_NODES), drafter)]
         deciders += [(f"tree n={m}", settings(Drafts.TREE, args.depth, args.max_new_tokens, m), model)
                      for m in args.nodes]
         deciders += [(named("tree, width rule", memory), settings(Drafts.TREE, args.depth, args.max_new_tokens,
@@ -222,6 +224,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--adapter-block-size", type=int, default=4, help="the adapter rows' block size")
     parser.add_argument("--out", default=None, help="default benchmarks/results/tree_decode_{part}_cpu.json")
     args = parser.parse_args(argv)
+    if args.adapter and "speed" not in args.parts:
+        parser.error("--adapter adds rows to the speed part: add --parts speed")
     if args.modeled_costs:  # before the slow parts: the roofline must know the model
         if "forwards" not in args.parts:
             parser.error("--modeled-costs adds a row to the forwards part: add --parts forwards")

@@ -52,7 +52,7 @@ def test_h200_script_smoke(tmp_path):
         assert row["tokens_per_second"] > 0 and row["vs_ntp"] > 0
         assert row["narrow_share"] == 0 if row["decoder"] == "ntp" else 0 <= row["narrow_share"] <= 1
     tree = json.load(open(tmp_path / "smoke_tree_smollm2.json"))["speed"]
-    decoders = ["ntp", "lookup chain k=8 min match 2", "adapter, sbd chain k=4", "adapter, tree-sbd n=4 k=4", "tree n=4",
+    decoders = ["ntp", "lookup chain k=8 min match 2", "adapter, sbd chain k=4", "adapter, tree-sbd n=16 k=4", "tree n=4",
                 "tree, width rule", "tree, width rule, draft memory"]
     assert [(r["batch"], r["decoder"]) for r in tree] == [(b, d) for b in (1, 8) for d in decoders]
     assert all(r["identical_to_ntp"] == r["prompts"] and r["forwards"] <= r["tokens"] for r in tree)
