@@ -137,6 +137,7 @@ ADAPTER_SPEED = ("benchmarks/results/tree_decode_speed_adapter_batch1_cpu.json",
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
 SHIPPED_HUMANEVAL = "recipes/smollm2_sbd/results/shipped_adapter/headline_humaneval_4.json"
+SHIPPED_BLOCK_8 = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_8.json"  # partial: its first two rows
 
 
 def shipped_rows(path: str, prompts: str) -> list[Row]:
@@ -188,6 +189,10 @@ HEADLINE = [
     Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)",
         TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
     *shipped_rows(SHIPPED, "200 held-out chat prompts"),
+    Row("SmolLM2-135M + the shipped adapter, 200 held-out chat prompts", "verified, SBD drafts, block 8",
+        (SHIPPED_BLOCK_8,), shipped_headline(drafts=Drafts.SBD)),
+    Row("the same, base SmolLM2-135M", "verified, lookup drafts, block 8", (SHIPPED_BLOCK_8,),
+        shipped_headline(drafts=Drafts.LOOKUP)),
     *shipped_rows(SHIPPED_HUMANEVAL, "164 HumanEval problems"),
     Row("SmolLM2-135M + the shipped adapter, the first 20 held-out chat prompts, one at a time",
         "verified, SBD drafts, block 4", ADAPTER_SPEED, speed_at_batch_1("adapter, sbd chain k=4")),
