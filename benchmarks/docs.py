@@ -137,32 +137,35 @@ ADAPTER_SPEED = ("benchmarks/results/tree_decode_speed_adapter_batch1_cpu.json",
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
 SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
 SHIPPED_HUMANEVAL = "recipes/smollm2_sbd/results/shipped_adapter/headline_humaneval_4.json"
-SHIPPED_BLOCK_8 = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_8.json"  # partial: its first two rows
+SHIPPED_BLOCK_8 = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_8.json"
 
 
-def shipped_rows(path: str, prompts: str) -> list[Row]:
-    """The shipped adapter's headline rows of one split at block 4: its SBD chain beside the base's lookup, then
-    the mixed tree (with and without the draft memory), hybrid, SBD's block as a tree, hybrid and SBD drafts with
-    fallback blocks."""
+def shipped_rows(path: str, prompts: str, block: int = 4) -> list[Row]:
+    """The shipped adapter's headline rows of one split at one block size: its SBD chain beside the base's lookup,
+    then the mixed tree (with and without the draft memory), hybrid, SBD's block as a tree, hybrid and SBD drafts
+    with fallback blocks."""
     n = DEFAULT_DRAFT_NODES
     return [
         Row(f"SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` ({{adapter_steps}} steps), {prompts}",
-            "verified, SBD drafts, block 4", (path,), shipped_headline(drafts=Drafts.SBD)),
-        Row("the same, base SmolLM2-135M", "verified, lookup drafts, block 4", (path,),
+            f"verified, SBD drafts, block {block}", (path,), shipped_headline(drafts=Drafts.SBD)),
+        Row("the same, base SmolLM2-135M", f"verified, lookup drafts, block {block}", (path,),
             shipped_headline(drafts=Drafts.LOOKUP)),
         Row("the same, with the shipped adapter", "verified, tree-sbd drafts (context matches, successors and SBD's "
-            f"block in one tree), {n} nodes, block 4", (path,), shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=n)),
-        Row("the same", f"verified, tree-sbd drafts, {n} nodes, block 4, `--draft-memory`", (path,),
+            f"block in one tree), {n} nodes, block {block}", (path,),
+            shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=n)),
+        Row("the same", f"verified, tree-sbd drafts, {n} nodes, block {block}, `--draft-memory`", (path,),
             shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=n, draft_memory=True)),
-        Row("the same", "verified, hybrid drafts (per row, SBD's block or lookup), block 4", (path,),
+        Row("the same", f"verified, hybrid drafts (per row, SBD's block or lookup), block {block}", (path,),
             shipped_headline(drafts=Drafts.HYBRID)),
-        Row("the same", f"verified, sbd-tree drafts (SBD's block as a tree), {n} nodes, block 4", (path,),
+        Row("the same", f"verified, sbd-tree drafts (SBD's block as a tree), {n} nodes, block {block}", (path,),
             shipped_headline(drafts=Drafts.SBD_TREE, draft_nodes=n)),
-        Row("the same", "verified, hybrid drafts, block 4, `--fallback-blocks 3`", (path,),
+        Row("the same", f"verified, hybrid drafts, block {block}, `--fallback-blocks 3`", (path,),
             shipped_headline(drafts=Drafts.HYBRID, fallback_blocks=3)),
-        Row("the same", "verified, SBD drafts, block 4, `--fallback-blocks 3`", (path,),
+        Row("the same", f"verified, SBD drafts, block {block}, `--fallback-blocks 3`", (path,),
             shipped_headline(drafts=Drafts.SBD, fallback_blocks=3)),
     ]
+
+
 HEADLINE = [
     Row("base SmolLM2-135M (no fine-tune), 200 held-out chat prompts", "verified, lookup drafts, block 8",
         ("benchmarks/results/lookup_decode_full_cpu.json",), lookup_whole_set("test")),
@@ -189,10 +192,7 @@ HEADLINE = [
     Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)",
         TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
     *shipped_rows(SHIPPED, "200 held-out chat prompts"),
-    Row("SmolLM2-135M + the shipped adapter, 200 held-out chat prompts", "verified, SBD drafts, block 8",
-        (SHIPPED_BLOCK_8,), shipped_headline(drafts=Drafts.SBD)),
-    Row("the same, base SmolLM2-135M", "verified, lookup drafts, block 8", (SHIPPED_BLOCK_8,),
-        shipped_headline(drafts=Drafts.LOOKUP)),
+    *shipped_rows(SHIPPED_BLOCK_8, "200 held-out chat prompts", block=8)[:2],  # the rows measured so far
     *shipped_rows(SHIPPED_HUMANEVAL, "164 HumanEval problems"),
     Row("SmolLM2-135M + the shipped adapter, the first 20 held-out chat prompts, one at a time",
         "verified, SBD drafts, block 4", ADAPTER_SPEED, speed_at_batch_1("adapter, sbd chain k=4")),

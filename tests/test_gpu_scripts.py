@@ -8,6 +8,7 @@ tells users to split with is checked against today's tree, and the part it names
 import math
 import os
 import re
+import string
 import subprocess
 
 import pytest
@@ -49,4 +50,4 @@ def test_the_last_part_named_is_the_files_last():
 
     size, last = split_plan()
     parts = math.ceil(os.path.getsize(resolve("smollm2-135m")) / size)
-    assert last == "a" + "abcdefghijklmnopqrstuvwxyz"[parts - 1]
+    assert last == "a" + string.ascii_lowercase[parts - 1]
