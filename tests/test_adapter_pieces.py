@@ -207,8 +207,9 @@ def test_the_piece_runner_trains_from_the_shipped_adapter_ships_over_it_and_reru
     monkeypatch.setattr(load_module, "adapter_folder", lambda name: folder)
     monkeypatch.setattr(ship, "adapter_folder", lambda name: folder)
     monkeypatch.setattr(run, "choose_second", lambda results: None)  # the decision not yet recorded
-    monkeypatch.setattr(run, "arm_config", lambda name, objective, sizes, workdir, steps: tiny_config(
-        data, steps, objective, adapter__rank=run.sizes_rank(sizes)))
+    trained_on = []  # the data folder each config was asked for (the tiny config trains on `data` whatever it is)
+    monkeypatch.setattr(run, "arm_config", lambda name, objective, sizes, workdir, steps, folder: trained_on.append(
+        folder) or tiny_config(data, steps, objective, adapter__rank=run.sizes_rank(sizes)))
     configs = []
     real = piece.piece_config
     monkeypatch.setattr(piece, "piece_config", lambda *a: configs.append(real(*a)) or configs[-1])
@@ -221,6 +222,7 @@ def test_the_piece_runner_trains_from_the_shipped_adapter_ships_over_it_and_reru
     assert (cfg.adapter.init_from, cfg.data.skip, cfg.adapter.rank) == (os.path.join(workdir, "start"), 3, 2)
     assert (cfg.optimizer.schedule, cfg.optimizer.decay_steps, cfg.optimizer.warmup_steps) == ("wsd", 0, 1)
     assert (cfg.objective.full_mask_share, cfg.objective.soft_target) == (1.0, 1.0)  # the arm's objective
+    assert trained_on[-1] == run.DATA  # the recipe's kept CPU data, as every piece before --data
     meta = json.load(open(os.path.join(folder, ad.CONFIG)))
     assert meta["shipped"]["steps"] == SHIPPED_STEPS + 2 and meta["init_from"]["steps"] == SHIPPED_STEPS
     assert "--arm adapter_kl_full" in meta["shipped"]["pieces"][-1]["command"]
@@ -236,3 +238,20 @@ def test_the_piece_runner_trains_from_the_shipped_adapter_ships_over_it_and_reru
         np.testing.assert_array_equal(value, shipped_weights[name])
     with pytest.raises(UserError, match="holds a piece with steps=2"):
         piece.main(["--steps", "3", "--workdir", workdir, "--name", "arith-sbd", "--smoke"])
+
+    # A piece on other distilled data: trained on that folder, recorded in its command; refused where it has no
+    # train.jsonl, and a rerun of the first piece with other data is refused.
+    more = tmp_path / "more"
+    with pytest.raises(UserError, match=f"--data {more}: no train.jsonl there"):
+        piece.main(["--steps", "1", "--workdir", str(tmp_path / "w2"), "--name", "arith-sbd", "--smoke",
+                    "--data", str(more)])
+    more.mkdir()
+    (more / "train.jsonl").write_text(open(data).read())
+    with pytest.raises(UserError, match=f"holds a piece with data='{os.path.relpath(run.DATA, run.ROOT)}'"):
+        piece.main(argv + ["--data", str(more)])
+    piece.main(["--steps", "1", "--workdir", str(tmp_path / "w2"), "--name", "arith-sbd", "--smoke",
+                "--data", str(more), "--arm", "adapter_kl_full"])
+    assert trained_on[-1] == str(more)
+    meta = json.load(open(os.path.join(folder, ad.CONFIG)))
+    assert meta["shipped"]["steps"] == SHIPPED_STEPS + 3
+    assert f" --data {more}" in meta["shipped"]["pieces"][-1]["command"]

@@ -10,6 +10,7 @@ from recipes.smollm2_sbd.distill import repetition, write_distilled
 from recipes.smollm2_sbd.humaneval import completion_from_answer, pass_rate, problems
 from recipes.smollm2_sbd.prompts import HELDOUT_MODULES, MODULES, make_prompts
 from sbd_jax.decoding.generate import Generation
+from sbd_jax.errors import UserError
 from sbd_jax.evaluation.recorded import describe
 from tests.conftest import requires_smollm2
 
@@ -51,15 +52,45 @@ def test_distilled_data_keeps_finished_answers_and_measures_repetition(tmp_path)
     eos = 2
     prompts = [f"q{i}" for i in range(6)]
     loop = [7, 8] * 20  # 40 tokens: a 16-token window repeats
-    generations = [Generation([5, eos] if i % 3 else loop, 2, [1, 2]) for i in range(6)]
-    counts = write_distilled(str(tmp_path), prompts, [f"a{i}" for i in range(6)], generations, (eos,))
+    ids = [[5, eos] if i % 3 else loop for i in range(6)]
+    counts = write_distilled(str(tmp_path), prompts, [f"a{i}" for i in range(6)], ids, (eos,))
     train = [json.loads(line) for line in open(tmp_path / "train.jsonl")]
     assert [t["messages"][0]["content"] for t in train] == ["q1", "q2", "q4", "q5"]  # the loops were cut off
     assert counts == {"train": 4, "dropped_unfinished": 2}
-    stats = repetition(generations, (eos,))
+    stats = repetition(ids, (eos,))
     assert stats["cut_off"] == stats["repeat_16_token_window"] == 2 / 6
     # distinct 4-grams: [7, 8, 7, 8] and [8, 7, 8, 7] of 37 in a loop; answers of 2 tokens have none
     assert abs(stats["distinct_4gram_share"] - 2 / 37) < 1e-12 and stats["mean_tokens"] == (2 * 40 + 4 * 2) / 6
+
+
+def test_a_killed_distillation_resumes_after_its_last_whole_answer(tmp_path, monkeypatch):
+    from recipes.smollm2_sbd import distill
+
+    decoded = []  # the prompts (as encoded) each batch decoded
+
+    def fake_generate(decoder, params, prompts, pad_to, gamma, executables):
+        decoded.append([p[0] for p in prompts])
+        return [Generation([p[0], 2], 1, [1, 1]) for p in prompts], None
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens):
+            return f"answer to {ids[0]}"
+
+    monkeypatch.setattr(distill, "generate", fake_generate)
+    monkeypatch.setattr(distill, "encode_prompt", lambda tokenizer, prompt, chat: [int(prompt[1:])])
+    prompts = [f"q{i}" for i in range(7)]
+    cache = str(tmp_path / distill.ANSWERS)
+    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts[:3], batch_size=2, cache=cache)
+    assert (decoded, ids) == ([[0, 1], [2, 2]], [[0, 2], [1, 2], [2, 2]])  # the last batch filled with its last
+    with open(cache, "a") as f:
+        f.write('{"prompt": "q3", "tok')  # a kill while writing the next batch
+    decoded.clear()
+    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts, batch_size=2, cache=cache)
+    assert decoded == [[3, 4], [5, 6]]  # only what the file did not hold whole
+    assert ids == [[i, 2] for i in range(7)] and texts == [f"answer to {i}" for i in range(7)]
+    assert [json.loads(line)["prompt"] for line in open(cache)] == prompts
+    with pytest.raises(UserError, match=r"answer 1 is to another prompt than this distillation's; .* remove it"):
+        distill.chat_answers(None, None, Tokenizer(), ["q99"] + prompts, batch_size=2, cache=cache)
 
 
 def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_the_same_settings(tmp_path, monkeypatch):
@@ -111,6 +142,18 @@ def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_th
               "--stop-after", "distill"])
     variant = json.load(open(tmp_path / "recipe" / "results" / "cpu_paper_objective_adapter_300steps" / "results.json"))
     assert variant["command"].endswith("--cpu --paper-objective --adapter-rank 16 --steps 300")
+
+    # More training prompts: their own kept folder (data/cpu_900prompts), results folder and command.
+    (kept / "cpu_900prompts").mkdir()
+    more = dict(data, train=2, made_with=run.made_with(run.DEFAULT_BASE, dict(run.CPU, train_prompts=900), "float32"))
+    (kept / "cpu_900prompts" / "data.json").write_text(json.dumps(more))
+    (kept / "cpu_900prompts" / "train.jsonl").write_text('{"messages": []}\n' * 2)
+    run.main(["--workdir", str(tmp_path / "w900"), "--cpu", "--train-prompts", "900", "--stop-after", "distill"])
+    assert (tmp_path / "w900" / "data" / "train.jsonl").read_text() == '{"messages": []}\n' * 2
+    variant = json.load(open(tmp_path / "recipe" / "results" / "cpu_900prompts" / "results.json"))
+    assert variant["command"].endswith("--cpu --train-prompts 900") and variant["data"]["train"] == 2
+    with pytest.raises(UserError, match="--train-prompts 0: give at least 1"):
+        run.main(["--workdir", str(tmp_path / "w0"), "--cpu", "--train-prompts", "0"])
 
 
 @requires_smollm2

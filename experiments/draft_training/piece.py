@@ -10,8 +10,9 @@ sequence length), changed in four places:
 
 - `adapter.init_from`: WORKDIR/start, a copy of the shipped adapter taken when the piece first starts (the piece
   ships over that folder, so a rerun continues from the same start);
-- `data.skip`: the S steps the shipped adapter has (every piece uses the same data, batch and seed, so its
-  batches are the ones one uninterrupted run would draw after S steps);
+- `data.skip`: the S steps the shipped adapter has (every piece on the same data, batch and seed draws the
+  batches one uninterrupted run would draw after S steps; a piece on other `--data` only starts S steps into
+  that data's shuffled epochs);
 - the learning rate: `wsd` with no decay (constant at the arm's peak rate after a warm-up over the first
   `WARMUP` steps, a tenth of a shorter piece), or `--decay-steps D` to decay over the last D steps of a
   final piece;
@@ -99,12 +100,12 @@ def steps_of_start(start: str) -> int:
 
 
 def piece_config(arm: str, objective: dict, sizes: dict, steps: int, start: str, done: int,
-                 decay_steps: int) -> Any:
-    """`run.arm_config`'s config for `arm`, continuing the adapter `start` of `done` steps for `steps` more
-    (the module docstring's four changes)."""
+                 decay_steps: int, data: str = run.DATA) -> Any:
+    """`run.arm_config`'s config for `arm` on the distilled data in `data`, continuing the adapter `start` of
+    `done` steps for `steps` more (the module docstring's four changes)."""
     from sbd_jax.training.config import Schedule
 
-    cfg = run.arm_config(arm, objective, sizes, "", steps)
+    cfg = run.arm_config(arm, objective, sizes, "", steps, data)
     return dataclasses.replace(
         cfg, adapter=dataclasses.replace(cfg.adapter, init_from=start), data=dataclasses.replace(cfg.data, skip=done),
         optimizer=dataclasses.replace(cfg.optimizer, schedule=Schedule.WSD, decay_steps=decay_steps,
@@ -121,7 +122,7 @@ def recorded_piece(workdir: str, asked: dict) -> dict:
             json.dump(asked, f, indent=1)
         return asked
     recorded = json.load(open(path))
-    for key in ("steps", "arm", "name", "decay_steps", "smoke"):
+    for key in ("steps", "arm", "name", "decay_steps", "smoke", "data"):
         if asked.get(key) is not None and asked[key] != recorded.get(key):
             raise UserError(f"{workdir} holds a piece with {key}={recorded.get(key)!r} (its {PIECE}), not "
                             f"{asked[key]!r}: rerun it as it was started, or give another --workdir")
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--name", default=NAME, help="the shipped adapter to continue and ship over")
     parser.add_argument("--decay-steps", type=int, default=0,
                         help="decay the learning rate linearly over this piece's last D steps (the final piece)")
+    parser.add_argument("--data", default=os.path.relpath(run.DATA, run.ROOT),
+                        help="distilled data to train on, a folder with train.jsonl (default: the recipe's kept CPU "
+                             "data; `recipes.smollm2_sbd.run --cpu --train-prompts N --stop-after distill` makes more)")
     parser.add_argument("--smoke", action="store_true", help="the decision's smoke sizes (run.SMOKE)")
     parser.add_argument("--note", default=None, help="a paragraph for the shipped README.md")
     args = parser.parse_args(argv)
@@ -148,8 +152,10 @@ def main(argv: list[str] | None = None) -> str:
 
     make_workdir(args.workdir)
     results = json.load(open(os.path.join(run.HERE, "results.json")))
+    if not os.path.isfile(os.path.join(run.ROOT, args.data, "train.jsonl")):
+        raise UserError(f"--data {args.data}: no train.jsonl there (paths are relative to the repository root)")
     asked = {"steps": args.steps, "arm": args.arm, "name": args.name, "decay_steps": args.decay_steps,
-             "smoke": args.smoke}
+             "smoke": args.smoke, "data": args.data}
     if not os.path.isfile(os.path.join(args.workdir, PIECE)):
         asked["arm"] = decided_arm(results, args.arm)
     elif args.arm is not None:
@@ -158,8 +164,9 @@ def main(argv: list[str] | None = None) -> str:
     done = steps_of_start(start)
     piece = recorded_piece(args.workdir, {**asked, "commit": commit()})
     sizes = run.SMOKE if piece["smoke"] else run.STUDY
+    data = piece["data"]
     cfg = piece_config(piece["arm"], objective_of(piece["arm"], results), sizes, piece["steps"], start, done,
-                       piece["decay_steps"])
+                       piece["decay_steps"], os.path.join(run.ROOT, data))
     print(f"piece: {piece['arm']}, steps {done + 1}-{done + piece['steps']} from {piece['name']} "
           f"({done} steps; copy in {start})", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, args.workdir)
@@ -170,6 +177,7 @@ def main(argv: list[str] | None = None) -> str:
         [f"--steps {piece['steps']}", f"--arm {piece['arm']}", f"--workdir {args.workdir}"] +
         (["--smoke"] if piece["smoke"] else []) +
         ([f"--decay-steps {piece['decay_steps']}"] if piece["decay_steps"] else []) +
+        ([f"--data {data}"] if data != os.path.relpath(run.DATA, run.ROOT) else []) +
         ([f"--name {piece['name']}"] if piece["name"] != NAME else []))
     out = ship.ship(export, piece["name"], steps=piece["steps"], metrics=os.path.join(args.workdir, "metrics.jsonl"),
                     trained_at_commit=piece["commit"], command=command, continues=start,

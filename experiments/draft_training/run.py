@@ -63,13 +63,14 @@ STUDY = dict(batch=4, seq_len=512, valid=24, max_new=128, loss_rows=16, adapter_
 SMOKE = dict(batch=2, seq_len=64, valid=2, max_new=8, loss_rows=2, adapter_rank=2, timed_steps=1, steps=3)
 
 
-def arm_config(name: str, objective: dict, sizes: dict, workdir: str, steps: int) -> Any:
-    """The recipe's CPU training config with the arm's objective options (and the adapter for that arm)."""
+def arm_config(name: str, objective: dict, sizes: dict, workdir: str, steps: int, data: str = DATA) -> Any:
+    """The recipe's CPU training config with the arm's objective options (and the adapter for that arm), training
+    on the distilled data in `data` (default: the recipe's kept CPU data)."""
     from recipes.smollm2_sbd.run import CPU, training_config
     from sbd_jax.training.config import TrainConfig
 
     sizes = dict(CPU, steps=steps, batch=sizes["batch"], seq_len=sizes["seq_len"], milestones=3)
-    cfg = training_config(os.path.join(ROOT, "configs", "smollm2_135m.py"), "smollm2-135m", DATA, sizes, "float32")
+    cfg = training_config(os.path.join(ROOT, "configs", "smollm2_135m.py"), "smollm2-135m", data, sizes, "float32")
     cfg.data.workers = 0
     cfg.export_hf = False
     for key, value in objective.items():

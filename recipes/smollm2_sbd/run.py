@@ -30,6 +30,7 @@ import sys
 import time
 from typing import Any
 
+from sbd_jax.errors import UserError
 from sbd_jax.evaluation.results import write_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,6 +67,8 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     import jax
 
     from recipes.smollm2_sbd.distill import (
+        ANSWERS,
+        cached_answers,
         chat_answers,
         repetition,
         write_distilled,
@@ -80,19 +83,25 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     model = load_model(base, dtype=dtype)
     prompts = make_prompts(sizes["train_prompts"], seed=0)
     decoder = NTPDecoder(model.config, max_new_tokens=sizes["answer_tokens"], eos_ids=model.config.eos_token_ids)
-    answers, generations = chat_answers(decoder, jax.device_put(model.params), model.tokenizer, prompts,
-                                        sizes["distill_batch"])
-    counts = write_distilled(out, prompts, answers, generations, model.config.eos_token_ids, sizes["keep_unfinished"])
+    os.makedirs(out, exist_ok=True)
+    cache = os.path.join(out, ANSWERS)
+    resumed = len(cached_answers(cache, prompts))
+    answers, ids = chat_answers(decoder, jax.device_put(model.params), model.tokenizer, prompts,
+                                sizes["distill_batch"], cache=cache)
+    counts = write_distilled(out, prompts, answers, ids, model.config.eos_token_ids, sizes["keep_unfinished"])
     heldout = make_prompts(sizes["valid"] + sizes["test"], seed=0, split="heldout")
     write_prompts(os.path.join(out, "valid.jsonl"), heldout[: sizes["valid"]])
     write_prompts(os.path.join(out, "test.jsonl"), heldout[sizes["valid"]:])
     data = {**counts, "train_prompts": len(prompts), "answer_tokens": sizes["answer_tokens"], "valid": sizes["valid"],
             "test": sizes["test"], "heldout_modules": list(HELDOUT_MODULES),
-            "repetition": repetition(generations, model.config.eos_token_ids),
+            "repetition": repetition(ids, model.config.eos_token_ids),
             "made_with": made_with(base, sizes, dtype), "made_at": provenance(),
             "seconds": time.perf_counter() - began}
+    if resumed:  # `seconds` is this invocation's (the recipe's seconds.json sums every invocation's)
+        data["answers_from_an_earlier_invocation"] = resumed
     with open(os.path.join(out, "data.json"), "w") as f:
         json.dump(data, f, indent=1)
+    os.remove(cache)  # data.json marks the distillation done; train.jsonl holds what training reads
     return data
 
 
@@ -102,9 +111,9 @@ def made_with(base: str, sizes: dict, dtype: str) -> dict:
     return {"base": base, "dtype": dtype, **{k: sizes[k] for k in keys}}
 
 
-def kept_data(preset: str, base: str, sizes: dict, dtype: str) -> str | None:
-    """The repository's copy of this distillation, if one was made with exactly these settings."""
-    path = os.path.join(KEPT_DATA, preset, "data.json")
+def kept_data(name: str, base: str, sizes: dict, dtype: str) -> str | None:
+    """The repository's copy of this distillation (data/NAME), if one was made with exactly these settings."""
+    path = os.path.join(KEPT_DATA, name, "data.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -196,6 +205,10 @@ def main(argv: list[str]) -> None:
     size.add_argument("--cpu", action="store_true", help="the CPU study's sizes")
     size.add_argument("--smoke", action="store_true", help="toy sizes: checks every stage")
     parser.add_argument("--steps", type=int, default=None, help="override the number of training steps")
+    parser.add_argument("--train-prompts", type=int, default=None, metavar="N",
+                        help="distil N training prompts instead of the preset's (the first prompts are the same "
+                             "whatever N: the preset's are the first 800 (CPU) or 4,000 (GPU)); the default model's "
+                             "data is kept in data/{preset}_{N}prompts")
     parser.add_argument("--paper-objective", action="store_true",
                         help="train with the paper's objective (random masking, equal weights, hard targets) instead "
                              "of OBJECTIVE, the draft-training experiment's winner")
@@ -225,13 +238,19 @@ def main(argv: list[str]) -> None:
     sizes = dict(SMOKE if args.smoke else CPU if args.cpu else GPU)
     if args.steps:
         sizes["steps"] = args.steps
+    if args.train_prompts is not None:
+        if args.train_prompts < 1:
+            raise UserError(f"--train-prompts {args.train_prompts}: give at least 1")
+        sizes["train_prompts"] = args.train_prompts
     dtype = backend_dtype(jax.default_backend())
     data, train_dir = os.path.join(args.workdir, "data"), os.path.join(args.workdir, "train")
     objective = {} if args.paper_objective else OBJECTIVE
     # Each variant is spelled once: the flag its command records and the suffix of its own results folder.
     variants = ([(" --paper-objective", "_paper_objective")] * args.paper_objective
                 + [(f" --adapter-rank {args.adapter_rank}", "_adapter")] * bool(args.adapter_rank)
-                + [(f" --steps {args.steps}", f"_{args.steps}steps")] * bool(args.steps))
+                + [(f" --steps {args.steps}", f"_{args.steps}steps")] * bool(args.steps)
+                + [(f" --train-prompts {args.train_prompts}", f"_{args.train_prompts}prompts")] * bool(args.train_prompts))
+    kept_name = preset + (f"_{args.train_prompts}prompts" if args.train_prompts else "")  # data/{kept_name}
     out = args.results or (os.path.join(args.workdir, "results") if args.smoke else
                            os.path.join(HERE, "results", preset + "".join(suffix for _, suffix in variants)))
     os.makedirs(out, exist_ok=True)
@@ -256,7 +275,7 @@ def main(argv: list[str]) -> None:
             with open(seconds_path, "w") as f:
                 json.dump(seconds, f)
 
-    kept = None if args.redistill or preset == "smoke" else kept_data(preset, args.base, sizes, dtype)
+    kept = None if args.redistill or preset == "smoke" else kept_data(kept_name, args.base, sizes, dtype)
     if not os.path.exists(os.path.join(data, "data.json")) and kept:
         shutil.copytree(kept, data)
         print(f"distillation: reusing {os.path.relpath(kept, ROOT)} (made at commit "
@@ -265,7 +284,7 @@ def main(argv: list[str]) -> None:
     elif not os.path.exists(os.path.join(data, "data.json")):
         timed("distill", distill, args.base, data, sizes, dtype)
         if preset != "smoke" and args.base == DEFAULT_BASE:
-            shutil.copytree(data, os.path.join(KEPT_DATA, preset), dirs_exist_ok=True)
+            shutil.copytree(data, os.path.join(KEPT_DATA, kept_name), dirs_exist_ok=True)
     results["data"] = json.load(open(os.path.join(data, "data.json")))
     results["seconds"] = seconds
     # A run spent in pieces: what an earlier invocation measured stays in the report until this one redoes it.
