@@ -251,7 +251,10 @@ def test_the_piece_runner_trains_from_the_shipped_adapter_ships_over_it_and_reru
         piece.main(argv + ["--data", str(more)])
     piece.main(["--steps", "1", "--workdir", str(tmp_path / "w2"), "--name", "arith-sbd", "--smoke",
                 "--data", str(more), "--arm", "adapter_kl_full"])
-    assert trained_on[-1] == str(more)
+    assert os.path.normpath(trained_on[-1]) == str(more)
     meta = json.load(open(os.path.join(folder, ad.CONFIG)))
     assert meta["shipped"]["steps"] == SHIPPED_STEPS + 3
-    assert f" --data {more}" in meta["shipped"]["pieces"][-1]["command"]
+    assert f" --data {os.path.relpath(more, ROOT)} " in meta["shipped"]["pieces"][-1]["command"]
+    # the same folder spelled another way is the same piece (one spelling is recorded)
+    piece.main(["--steps", "1", "--workdir", str(tmp_path / "w2"), "--name", "arith-sbd", "--smoke",
+                "--data", str(more) + "/"])

@@ -69,6 +69,7 @@ def test_a_killed_distillation_resumes_after_its_last_whole_answer(tmp_path, mon
     decoded = []  # the prompts (as encoded) each batch decoded
 
     def fake_generate(decoder, params, prompts, pad_to, gamma, executables):
+        assert pad_to == 5  # the longest of all the prompts (q0's), whatever is left to decode: one compiled shape
         decoded.append([p[0] for p in prompts])
         return [Generation([p[0], 2], 1, [1, 1]) for p in prompts], None
 
@@ -77,20 +78,28 @@ def test_a_killed_distillation_resumes_after_its_last_whole_answer(tmp_path, mon
             return f"answer to {ids[0]}"
 
     monkeypatch.setattr(distill, "generate", fake_generate)
-    monkeypatch.setattr(distill, "encode_prompt", lambda tokenizer, prompt, chat: [int(prompt[1:])])
+    monkeypatch.setattr(distill, "encode_prompt", lambda tokenizer, prompt, chat: [int(prompt[1:])] * (
+        5 if prompt == "q0" else 1))
     prompts = [f"q{i}" for i in range(7)]
     cache = str(tmp_path / distill.ANSWERS)
-    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts[:3], batch_size=2, cache=cache)
+    settings = {"base": "m", "answer_tokens": 2}
+    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts[:3], batch_size=2, cache=cache,
+                                      settings=settings)
     assert (decoded, ids) == ([[0, 1], [2, 2]], [[0, 2], [1, 2], [2, 2]])  # the last batch filled with its last
     with open(cache, "a") as f:
         f.write('{"prompt": "q3", "tok')  # a kill while writing the next batch
     decoded.clear()
-    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts, batch_size=2, cache=cache)
+    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts, batch_size=2, cache=cache, settings=settings)
     assert decoded == [[3, 4], [5, 6]]  # only what the file did not hold whole
     assert ids == [[i, 2] for i in range(7)] and texts == [f"answer to {i}" for i in range(7)]
-    assert [json.loads(line)["prompt"] for line in open(cache)] == prompts
-    with pytest.raises(UserError, match=r"answer 1 is to another prompt than this distillation's; .* remove it"):
-        distill.chat_answers(None, None, Tokenizer(), ["q99"] + prompts, batch_size=2, cache=cache)
+    lines = [json.loads(line) for line in open(cache)]
+    assert lines[0] == {"settings": settings} and [a["prompt"] for a in lines[1:]] == prompts
+    with pytest.raises(UserError, match=r"answer 1 is to another prompt than this distillation's: remove it"):
+        distill.chat_answers(None, None, Tokenizer(), ["q99"] + prompts, batch_size=2, cache=cache, settings=settings)
+    with pytest.raises(UserError, match=r"holds answers made with \{'base': 'm', 'answer_tokens': 2\}, not this "
+                                        r"distillation's \{'base': 'other', 'answer_tokens': 2\}: remove it"):
+        distill.chat_answers(None, None, Tokenizer(), prompts, batch_size=2, cache=cache,
+                             settings=dict(settings, base="other"))
 
 
 def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_the_same_settings(tmp_path, monkeypatch):
@@ -154,6 +163,20 @@ def test_a_fresh_workdir_starts_from_the_kept_data_only_when_it_was_made_with_th
     assert variant["command"].endswith("--cpu --train-prompts 900") and variant["data"]["train"] == 2
     with pytest.raises(UserError, match="--train-prompts 0: give at least 1"):
         run.main(["--workdir", str(tmp_path / "w0"), "--cpu", "--train-prompts", "0"])
+    with pytest.raises(UserError, match=r"w/data was distilled with .*'train_prompts': 800.*, not this run's "
+                                        r".*'train_prompts': 900.*: give another --workdir"):
+        run.main(["--workdir", str(tmp_path / "w"), "--cpu", "--train-prompts", "900", "--stop-after", "distill"])
+    run.main(["--workdir", str(tmp_path / "w"), "--cpu", "--train-prompts", "800", "--stop-after", "distill"])
+    assert json.load(open(tmp_path / "recipe" / "results" / "cpu" / "results.json"))["command"].endswith("--cpu")
+
+    # A distillation killed after its data.json, before it kept a copy: the next invocation keeps it.
+    (tmp_path / "w901" / "data").mkdir(parents=True)
+    made = dict(data, made_with=run.made_with(run.DEFAULT_BASE, dict(run.CPU, train_prompts=901), "float32"))
+    (tmp_path / "w901" / "data" / "data.json").write_text(json.dumps(made))
+    (tmp_path / "w901" / "data" / "train.jsonl").write_text('{"messages": []}\n')
+    (tmp_path / "w901" / "data" / "answers.partial.jsonl").write_text("{}\n")
+    run.main(["--workdir", str(tmp_path / "w901"), "--cpu", "--train-prompts", "901", "--stop-after", "distill"])
+    assert sorted(os.listdir(kept / "cpu_901prompts")) == ["data.json", "train.jsonl"]
 
 
 @requires_smollm2

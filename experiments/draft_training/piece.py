@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import sys
 from typing import Any
@@ -47,7 +48,14 @@ from sbd_jax.errors import UserError
 NAME = "smollm2-135m-sbd"  # the shipped adapter the pieces continue (KNOWN_ADAPTERS)
 WARMUP = 10  # steps of linear warm-up from 0 at the start of every piece (fresh Adam moments)
 CHECKPOINT_EVERY = 10  # a killed piece loses at most this many steps (SIGTERM and Ctrl-C lose none)
+DEFAULT_DATA = os.path.relpath(run.DATA, run.ROOT)  # the recipe's kept CPU distillation, every piece before --data
 PIECE = "piece.json"  # in WORKDIR: what the piece is, written when it first starts
+
+
+def repository_path(path: str) -> str:
+    """`path` (relative to the repository root, or absolute) relative to the root, normalised: one spelling per
+    folder, as piece.json and the shipped command record it."""
+    return os.path.relpath(os.path.abspath(os.path.join(run.ROOT, path)), run.ROOT)
 
 
 def decided_arm(results: dict, asked: str | None) -> str:
@@ -139,9 +147,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--name", default=NAME, help="the shipped adapter to continue and ship over")
     parser.add_argument("--decay-steps", type=int, default=0,
                         help="decay the learning rate linearly over this piece's last D steps (the final piece)")
-    parser.add_argument("--data", default=os.path.relpath(run.DATA, run.ROOT),
-                        help="distilled data to train on, a folder with train.jsonl (default: the recipe's kept CPU "
-                             "data; `recipes.smollm2_sbd.run --cpu --train-prompts N --stop-after distill` makes more)")
+    parser.add_argument("--data", default=None,
+                        help="distilled data to train on, a folder with train.jsonl, relative to the repository root "
+                             "or absolute (default: the recipe's kept CPU data, recipes/smollm2_sbd/data/cpu; "
+                             "`recipes.smollm2_sbd.run --cpu --train-prompts N --stop-after distill` makes more)")
     parser.add_argument("--smoke", action="store_true", help="the decision's smoke sizes (run.SMOKE)")
     parser.add_argument("--note", default=None, help="a paragraph for the shipped README.md")
     args = parser.parse_args(argv)
@@ -152,19 +161,21 @@ def main(argv: list[str] | None = None) -> str:
 
     make_workdir(args.workdir)
     results = json.load(open(os.path.join(run.HERE, "results.json")))
-    if not os.path.isfile(os.path.join(run.ROOT, args.data, "train.jsonl")):
+    data = None if args.data is None else repository_path(args.data)
+    if data is not None and not os.path.isfile(os.path.join(run.ROOT, data, "train.jsonl")):
         raise UserError(f"--data {args.data}: no train.jsonl there (paths are relative to the repository root)")
     asked = {"steps": args.steps, "arm": args.arm, "name": args.name, "decay_steps": args.decay_steps,
-             "smoke": args.smoke, "data": args.data}
+             "smoke": args.smoke, "data": data}
     if not os.path.isfile(os.path.join(args.workdir, PIECE)):
         asked["arm"] = decided_arm(results, args.arm)
+        asked["data"] = data or DEFAULT_DATA
     elif args.arm is not None:
         decided_arm(results, args.arm)
     start = take_start(args.workdir, args.name)  # before piece.json: a start that fails records nothing
     done = steps_of_start(start)
     piece = recorded_piece(args.workdir, {**asked, "commit": commit()})
     sizes = run.SMOKE if piece["smoke"] else run.STUDY
-    data = piece["data"]
+    data = piece.get("data") or DEFAULT_DATA  # a piece.json written before --data: the default
     cfg = piece_config(piece["arm"], objective_of(piece["arm"], results), sizes, piece["steps"], start, done,
                        piece["decay_steps"], os.path.join(run.ROOT, data))
     print(f"piece: {piece['arm']}, steps {done + 1}-{done + piece['steps']} from {piece['name']} "
@@ -177,7 +188,7 @@ def main(argv: list[str] | None = None) -> str:
         [f"--steps {piece['steps']}", f"--arm {piece['arm']}", f"--workdir {args.workdir}"] +
         (["--smoke"] if piece["smoke"] else []) +
         ([f"--decay-steps {piece['decay_steps']}"] if piece["decay_steps"] else []) +
-        ([f"--data {data}"] if data != os.path.relpath(run.DATA, run.ROOT) else []) +
+        ([f"--data {shlex.quote(data)}"] if data != DEFAULT_DATA else []) +
         ([f"--name {piece['name']}"] if piece["name"] != NAME else []))
     out = ship.ship(export, piece["name"], steps=piece["steps"], metrics=os.path.join(args.workdir, "metrics.jsonl"),
                     trained_at_commit=piece["commit"], command=command, continues=start,

@@ -22,20 +22,25 @@ LOOP_WINDOW = 16
 ANSWERS = "answers.partial.jsonl"  # in the output folder while distilling: the answers so far (a rerun resumes)
 
 
-def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequence[str],
-                 batch_size: int, gamma: float = 0.0, cache: str | None = None) -> tuple[list[str], list[list[int]]]:
+def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequence[str], batch_size: int,
+                 gamma: float = 0.0, cache: str | None = None, settings: dict | None = None,
+                 ) -> tuple[list[str], list[list[int]]]:
     """Decodes chat prompts in batches that share one compiled shape (every batch padded to the longest
     prompt and to `batch_size` rows); answers (texts and generated ids, up to and including the first EOS)
     come back in the prompts' order. `gamma`: SBD's.
 
-    `cache`: a JSONL file each batch's answers are appended to as it finishes; a rerun with the same
-    prompts starts after the answers it holds (a killed distillation loses at most one batch)."""
+    `cache`: a JSONL file, `settings` (what decides the answers: model, length, dtype) on its first line, each
+    batch's answers appended as it finishes; a rerun with the same prompts and settings starts after the last
+    whole answer it holds (a killed distillation loses at most one batch)."""
     encoded = [encode_prompt(tokenizer, p, chat=True) for p in prompts]
     longest = max(len(e) for e in encoded)
-    answered = cached_answers(cache, prompts) if cache else []
+    answered = cached_answers(cache, prompts, settings) if cache else []
     texts, ids = [a["text"] for a in answered], [a["token_ids"] for a in answered]
     if answered:
         print(f"distillation: {len(answered)} answers from {cache}", flush=True)
+    elif cache:
+        with open(cache, "w") as f:
+            f.write(json.dumps({"settings": settings}) + "\n")
     executables = Executables()
     for start in range(len(answered), len(encoded), batch_size):
         batch = encoded[start: start + batch_size]
@@ -53,19 +58,26 @@ def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequenc
     return texts, ids
 
 
-def cached_answers(path: str, prompts: Sequence[str]) -> list[dict]:
+def cached_answers(path: str, prompts: Sequence[str], settings: dict | None) -> list[dict]:
     """The answers `chat_answers` appended to `path`, in order; a last line cut short by a kill is cut off the
-    file (that answer is decoded again). Answers to other prompts are refused: the file belongs to another run."""
+    file (that answer is decoded again). A file made with other settings or answering other prompts is refused:
+    it belongs to another run."""
     if not os.path.exists(path):
         return []
     with open(path, "rb+") as f:
         whole = f.read()
-        f.truncate(whole.rfind(b"\n") + 1)  # appends then follow the last whole answer
-    answers = [json.loads(line) for line in whole[: whole.rfind(b"\n") + 1].decode().splitlines()]
+        f.truncate(whole.rfind(b"\n") + 1)  # appends then follow the last whole line
+    lines = [json.loads(line) for line in whole[: whole.rfind(b"\n") + 1].decode().splitlines()]
+    if not lines:
+        return []
+    remove = "remove it (or use another output folder) to distil again"
+    if lines[0].get("settings") != json.loads(json.dumps(settings)):
+        raise UserError(f"{path} holds answers made with {lines[0].get('settings')}, not this distillation's "
+                        f"{settings}: {remove}")
+    answers = lines[1:]
     for i, answer in enumerate(answers):
         if i >= len(prompts) or answer["prompt"] != prompts[i]:
-            raise UserError(f"{path}: answer {i + 1} is to another prompt than this distillation's; it belongs to "
-                            "another run: remove it (or use another output folder) to distil again")
+            raise UserError(f"{path}: answer {i + 1} is to another prompt than this distillation's: {remove}")
     return answers
 
 

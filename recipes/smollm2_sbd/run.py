@@ -85,9 +85,10 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     decoder = NTPDecoder(model.config, max_new_tokens=sizes["answer_tokens"], eos_ids=model.config.eos_token_ids)
     os.makedirs(out, exist_ok=True)
     cache = os.path.join(out, ANSWERS)
-    resumed = len(cached_answers(cache, prompts))
+    settings = made_with(base, sizes, dtype)
+    resumed = len(cached_answers(cache, prompts, settings))
     answers, ids = chat_answers(decoder, jax.device_put(model.params), model.tokenizer, prompts,
-                                sizes["distill_batch"], cache=cache)
+                                sizes["distill_batch"], cache=cache, settings=settings)
     counts = write_distilled(out, prompts, answers, ids, model.config.eos_token_ids, sizes["keep_unfinished"])
     heldout = make_prompts(sizes["valid"] + sizes["test"], seed=0, split="heldout")
     write_prompts(os.path.join(out, "valid.jsonl"), heldout[: sizes["valid"]])
@@ -95,7 +96,7 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     data = {**counts, "train_prompts": len(prompts), "answer_tokens": sizes["answer_tokens"], "valid": sizes["valid"],
             "test": sizes["test"], "heldout_modules": list(HELDOUT_MODULES),
             "repetition": repetition(ids, model.config.eos_token_ids),
-            "made_with": made_with(base, sizes, dtype), "made_at": provenance(),
+            "made_with": settings, "made_at": provenance(),
             "seconds": time.perf_counter() - began}
     if resumed:  # `seconds` is this invocation's (the recipe's seconds.json sums every invocation's)
         data["answers_from_an_earlier_invocation"] = resumed
@@ -230,6 +231,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from recipes.smollm2_sbd import eval as evaluation
+    from recipes.smollm2_sbd.distill import ANSWERS
     from recipes.smollm2_sbd.report import write_report
     from sbd_jax.evaluation.results import provenance
     from sbd_jax.model.config import backend_dtype
@@ -241,7 +243,10 @@ def main(argv: list[str]) -> None:
     if args.train_prompts is not None:
         if args.train_prompts < 1:
             raise UserError(f"--train-prompts {args.train_prompts}: give at least 1")
-        sizes["train_prompts"] = args.train_prompts
+        if args.train_prompts == sizes["train_prompts"]:
+            args.train_prompts = None  # the preset's own: its data folder and results, not a variant
+        else:
+            sizes["train_prompts"] = args.train_prompts
     dtype = backend_dtype(jax.default_backend())
     data, train_dir = os.path.join(args.workdir, "data"), os.path.join(args.workdir, "train")
     objective = {} if args.paper_objective else OBJECTIVE
@@ -276,16 +281,26 @@ def main(argv: list[str]) -> None:
                 json.dump(seconds, f)
 
     kept = None if args.redistill or preset == "smoke" else kept_data(kept_name, args.base, sizes, dtype)
+    keep = preset != "smoke" and args.base == DEFAULT_BASE  # the default model's distillations are kept
+    distilled = False
     if not os.path.exists(os.path.join(data, "data.json")) and kept:
+        shutil.rmtree(data, ignore_errors=True)  # what a killed distillation left
         shutil.copytree(kept, data)
         print(f"distillation: reusing {os.path.relpath(kept, ROOT)} (made at commit "
               f"{json.load(open(os.path.join(kept, 'data.json')))['made_at']['commit']}); --redistill makes it again",
               flush=True)
     elif not os.path.exists(os.path.join(data, "data.json")):
         timed("distill", distill, args.base, data, sizes, dtype)
-        if preset != "smoke" and args.base == DEFAULT_BASE:
-            shutil.copytree(data, os.path.join(KEPT_DATA, kept_name), dirs_exist_ok=True)
+        distilled = True
     results["data"] = json.load(open(os.path.join(data, "data.json")))
+    settings = made_with(args.base, sizes, dtype)
+    if results["data"].get("made_with", settings) != settings:
+        raise UserError(f"{data} was distilled with {results['data']['made_with']}, not this run's {settings}: give "
+                        "another --workdir")
+    # Kept when made here, or made by an invocation killed before it kept its copy.
+    if keep and (distilled or kept_data(kept_name, args.base, sizes, dtype) is None):
+        shutil.copytree(data, os.path.join(KEPT_DATA, kept_name), dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(ANSWERS))
     results["seconds"] = seconds
     # A run spent in pieces: what an earlier invocation measured stays in the report until this one redoes it.
     earlier = os.path.join(out, "results.json")
