@@ -75,7 +75,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    f"auto: up to {AUTO_DRAFT_NODES}, each pass at the width with the most expected tokens per second "
                    "on pass costs timed here at the batch size decoded")
     p.add_argument("--lookup-min-match", type=int, default=1, metavar="N",
-                   help="lookup / hybrid drafts: the shortest n-gram match (1-4) that proposes drafts; passes without "
+                   help="drafts read from the context (lookup, hybrid, context-tree, tree, tree-sbd): the shortest "
+                   "n-gram match (1-4) that proposes drafts; passes without "
                    "drafts run one token. 2 is faster on a CPU at batch 1, where a k-token pass costs more than a 1-token "
                    "one (benchmarks/results/lookup_decode_speed_run4_cpu.json); 1 (most tokens per forward) on GPUs")
     p.add_argument("--draft-memory", action="store_true",
@@ -210,7 +211,8 @@ def main(argv: list[str]) -> None:
         settings = (settings.as_ntp() if choice.block_size == 1
                     else dataclasses.replace(settings, block_size=choice.block_size))
     if args.draft_nodes == "auto" and settings.drafts.is_tree and not settings.drafts.reads_masked_block:  # timed on the first batch, at its size
-        settings = model.with_measured_widths(texts[:batch], batch, settings, chat=args.chat)
+        with naming_prompts(sources):
+            settings = model.with_measured_widths(texts[:batch], batch, settings, chat=args.chat)
         print(f"[--draft-nodes auto at batch {batch}: pass costs {', '.join(f'{w}: {s * 1e3:.1f} ms' for w, s in settings.pass_costs)}]",
               file=sys.stderr)
     results, timings = [], []

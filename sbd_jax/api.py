@@ -111,6 +111,11 @@ class SBDModel:
 def settings_of(settings: Settings | None, options: dict[str, Any], **implied: Any) -> Settings:
     """`settings`, or `Settings` made of keyword `options` over `implied` defaults; never both."""
     if settings is None:
+        known = {field.name for field in dataclasses.fields(Settings)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise UserError(f"unknown decoding option{'s' * (len(unknown) > 1)} {', '.join(unknown)}: give "
+                            f"{', '.join(sorted(known))}")
         return Settings(**{**implied, **options})
     if options:
         raise UserError(f"give settings or keyword options, not both (got {', '.join(options)})")

@@ -54,10 +54,20 @@ def test_settings_build_one_decoder_class_per_algorithm(model):
     ({"mode": "sbd", "gamma": float("nan")}, "gamma=nan must be a number >= 0"),
     ({"mode": "sbd", "block_size": 0}, "block_size=0 must be >= 1"),
     ({"max_new_tokens": 0}, "max_new_tokens=0 must be >= 1"),
+    ({"gamma": 0.5}, r"^gamma \(--gamma\): SBD's, not NTP's: add mode 'sbd' \(--mode sbd\), or drop them$"),
+    ({"block_size": 8, "proxy": "margin"}, r"^proxy \(--proxy\), block_size \(--block-size\): SBD's, not NTP's"),
+    ({"mode": "sbd", "verify": True, "proxy": "margin"}, "proxy .* orders plain SBD's reveals; with verify"),
 ])
 def test_bad_settings_are_refused_before_any_model_is_loaded(options, message):
     with pytest.raises(UserError, match=message):
         Settings(**options)
+
+
+def test_a_misspelt_option_is_refused_naming_the_options(model):
+    with pytest.raises(UserError, match=r"^unknown decoding option max_tokens: give block_size, .*max_new_tokens"):
+        model.generate("x", max_tokens=4)
+    with pytest.raises(UserError, match=r"^unknown decoding options top_k, tree: give "):
+        model.generate("x", tree=True, top_k=50)
 
 
 def test_settings_and_keywords_together_are_refused(model):

@@ -106,9 +106,11 @@ def test_sample_sbd_on_smollm2(tmp_path):
         assert 0 < row["nfe"] and row["tokens_per_pass"] == row["new_tokens"] / row["nfe"]
 
 
-def test_verify_needs_sbd_mode():
+def test_verify_needs_sbd_mode_and_sbd_options_need_it_too():
     assert_one_line_error(run("sample.py", "--prompt", "hi", "--verify"), "verify (--verify) checks SBD's drafts",
                           "--mode sbd")
+    assert_one_line_error(run("sample.py", "--prompt", "hi", "--gamma", "0.5", "--block-size", "8"),
+                          "gamma (--gamma), block_size (--block-size): SBD's, not NTP's", "--mode sbd")
 
 
 @pytest.mark.slow  # times 33 widths; the width rule is tested in-process (test_tree)

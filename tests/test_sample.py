@@ -55,6 +55,10 @@ def test_a_bad_prompt_is_named_by_its_flag_or_file_line(tmp_path):
         sample.main(["--model", SHIPPED, "--prompts-file", path, "--max-new-tokens", "8"])
     with pytest.raises(UserError, match="^--prompt 2: the prompt is not valid UTF-8 text"):
         sample.main(["--model", SHIPPED, "--prompt", PROMPTS[0], "--prompt", "c\udcff5", "--max-new-tokens", "8"])
+    # also where `--draft-nodes auto` reads the prompts first, to time the pass widths in their cache
+    with pytest.raises(UserError, match="^--prompt 2: the prompt is empty after tokenization"):
+        sample.main(["--model", SHIPPED, "--prompt", PROMPTS[0], "--prompt", "", "--mode", "sbd", "--verify",
+                     "--drafts", "tree", "--block-size", "4", "--draft-nodes", "auto", "--max-new-tokens", "8"])
 
 
 def test_max_cache_len_keeps_the_context_check(tmp_path):

@@ -30,6 +30,8 @@ from sbd_jax.decoding.token_choice import Proxy
 from sbd_jax.decoding.verified import DEFAULT_DRAFT_NODES, VerifiedSBDDecoder, check_pass_widths
 from sbd_jax.errors import UserError
 
+DEFAULT_BLOCK = 16  # Settings.block_size unless given
+
 
 class Mode(Choice):
     """How a decoder emits tokens."""
@@ -45,7 +47,7 @@ class Settings:
 
     mode: Mode = Mode.NTP
     max_new_tokens: int = 128
-    block_size: int = 16  # sbd: tokens per block
+    block_size: int = DEFAULT_BLOCK  # sbd: tokens per block
     gamma: float | None = None  # sbd: entropy budget per pass (None: decoders.DEFAULT_GAMMA); not with verify
     proxy: Proxy = Proxy.ENTROPY  # sbd: uncertainty score (entropy, confidence, margin; left_to_right: a diagnostic)
     verify: bool = False  # sbd: keep drafts only where NTP agrees (exactly NTP's output / distribution)
@@ -98,9 +100,20 @@ class Settings:
                             "verification decides what is kept; drop gamma, or drop verify for Entropy-Bounded "
                             "decoding")
         check_block_size(self.block_size)
+        object.__setattr__(self, "proxy", check_proxy(self.proxy))  # a bad name is an error in any mode
+        # Options that would change nothing are refused, not ignored: the user meant another mode.
+        if self.mode == Mode.NTP:
+            unused = [name for name, value, default in (("gamma (--gamma)", self.gamma, None),
+                                                        ("proxy (--proxy)", self.proxy, Proxy.ENTROPY),
+                                                        ("block_size (--block-size)", self.block_size, DEFAULT_BLOCK))
+                      if value != default]
+            if unused:
+                raise UserError(f"{', '.join(unused)}: SBD's, not NTP's: add mode 'sbd' (--mode sbd), or drop them")
+        if self.verify and self.proxy != Proxy.ENTROPY:
+            raise UserError("proxy (--proxy) orders plain SBD's reveals; with verify (--verify) every draft is "
+                            "checked in order: drop proxy, or drop verify for Entropy-Bounded decoding")
         if self.drafts.is_tree and self.block_size < 2:
             raise UserError(f"drafts {self.drafts.value!r} form trees block_size - 1 deep: give block_size >= 2")
-        object.__setattr__(self, "proxy", check_proxy(self.proxy))  # a bad name is an error in any mode
         if self.gamma is not None:
             check_gamma(self.gamma)
 

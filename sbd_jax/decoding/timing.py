@@ -28,8 +28,8 @@ def forward_seconds(model: WithWeights, batch: int, n: int, context: int, calls:
     Timed as `inner` forwards in one compiled loop, as a decoding loop runs them: a call per forward
     would add the host's dispatch time, which is most of a small model's forward on a CPU."""
     capacity = context + n if capacity is None else capacity
-    if capacity < context + n:
-        raise UserError(f"capacity={capacity} cannot hold {context} cached + {n} new tokens")
+    if capacity < context:  # the n new tokens are attended beside the cache, as in decoding, not written into it
+        raise UserError(f"capacity={capacity} cannot hold {context} cached tokens")
     cache = init_cache(model.config, batch, capacity)
     cache = cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
     positions = cache.lengths[:, None] + jnp.arange(n)
