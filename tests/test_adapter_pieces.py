@@ -258,3 +258,62 @@ def test_the_piece_runner_trains_from_the_shipped_adapter_ships_over_it_and_reru
     # the same folder spelled another way is the same piece (one spelling is recorded)
     piece.main(["--steps", "1", "--workdir", str(tmp_path / "w2"), "--name", "arith-sbd", "--smoke",
                 "--data", str(more) + "/"])
+
+
+def test_no_ship_exports_the_piece_and_the_same_command_without_it_ships_it(data, shipped, tmp_path, monkeypatch):
+    folder = str(tmp_path / "package" / "arith-sbd")
+    shutil.copytree(shipped, folder)
+    monkeypatch.setitem(load_module.KNOWN_ADAPTERS, "arith-sbd", (SMALL, "adapters/arith-sbd"))
+    monkeypatch.setattr(load_module, "adapter_folder", lambda name: folder)
+    monkeypatch.setattr(ship, "adapter_folder", lambda name: folder)
+    monkeypatch.setattr(run, "arm_config", lambda name, objective, sizes, workdir, steps, data_folder: tiny_config(
+        data, steps, objective, adapter__rank=run.sizes_rank(sizes)))
+    argv = ["--steps", "1", "--workdir", str(tmp_path / "w"), "--name", "arith-sbd", "--smoke"]  # the decided arm
+    before = ad.read_tensors(folder)
+    export = piece.main(argv + ["--no-ship"])
+    assert export == str(tmp_path / "w" / "export") and os.path.isfile(os.path.join(export, ad.WEIGHTS))
+    assert json.load(open(os.path.join(folder, ad.CONFIG)))["shipped"]["steps"] == SHIPPED_STEPS  # untouched
+    for name, value in ad.read_tensors(folder).items():
+        np.testing.assert_array_equal(value, before[name])
+    assert piece.main(argv) == folder
+    assert json.load(open(os.path.join(folder, ad.CONFIG)))["shipped"]["steps"] == SHIPPED_STEPS + 1
+
+
+def test_data_or_passes_trains_both_arms_unshipped_measures_them_and_ships_the_rules_winner(tmp_path, monkeypatch):
+    """The third decision's flow, with the training and the measuring replaced (each is tested on its own)."""
+    from experiments.draft_training import data_or_passes as decision
+
+    out = tmp_path / "data_or_passes.json"
+    monkeypatch.setattr(decision, "OUT", str(out))
+    calls = []
+
+    def fake_piece(argv):
+        calls.append(argv)
+        workdir = argv[argv.index("--workdir") + 1]
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, piece.PIECE), "w") as f:
+            json.dump({"arm": "adapter_lr10"}, f)
+        return os.path.join(workdir, "export")
+
+    measured = {"passes": 1.60, "data": 1.63}
+    monkeypatch.setattr(piece, "main", fake_piece)
+    monkeypatch.setattr(run, "measure", lambda arm, export, step, sizes, base: {
+        "verified_sbd_4": measured[os.path.basename(os.path.dirname(export))], "arm": arm, "step": step})
+    monkeypatch.setattr(decision, "DATA", str(tmp_path / "missing"))
+    with pytest.raises(UserError, match="missing is not distilled yet: python -m recipes.smollm2_sbd.run"):
+        decision.main(["--workdir", str(tmp_path / "w")])
+    with pytest.raises(UserError, match="does not hold both arms' measurements yet: run without --ship first"):
+        decision.main(["--workdir", str(tmp_path / "w"), "--ship"])
+    monkeypatch.setattr(decision, "DATA", run.DATA)  # any folder with a train.jsonl
+    results = decision.main(["--workdir", str(tmp_path / "w")])
+    assert [c[c.index("--workdir") + 1] for c in calls] == [str(tmp_path / "w" / n) for n in ("passes", "data")]
+    assert all(c[-1] == "--no-ship" and c[:4] == ["--steps", "150", "--decay-steps", "50"] for c in calls)
+    assert results["arms"]["data"]["point"] == {"verified_sbd_4": 1.63, "arm": "adapter_lr10", "step": 150}
+    assert results["winner"] == "data" == json.load(open(out))["winner"]  # 0.03 more: past the 0.02 margin
+    calls.clear()
+    assert decision.main(["--workdir", str(tmp_path / "w")])["winner"] == "data" and not calls  # measured: kept
+    assert decision.main(["--workdir", str(tmp_path / "w"), "--ship"])["winner"] == "data"
+    assert "--no-ship" not in calls[-1] and calls[-1][calls[-1].index("--workdir") + 1].endswith("data")
+    kept = json.load(open(out))
+    kept["arms"]["data"]["point"]["verified_sbd_4"] = 1.615  # within the margin: the passes, no new data kept
+    assert decision.choose(kept) == "passes"

@@ -3,6 +3,7 @@ back over it with its steps and training log continued (issue 55, "train it in p
 
     python -m experiments.draft_training.piece --steps 150                      # WORKDIR runs/piece
     python -m experiments.draft_training.piece --steps 150 --workdir runs/piece # again after a kill: resumes
+    python -m experiments.draft_training.piece ... --no-ship                    # export only (a decision's arm)
 
 A piece is the decision's winning arm (`run.choose_second` over results.json; `--arm` until the decision is
 recorded) as `run.arm_config` builds it (its objective, rank, learning rate, the recipe's CPU data, batch and
@@ -153,6 +154,9 @@ def main(argv: list[str] | None = None) -> str:
                              "`recipes.smollm2_sbd.run --cpu --train-prompts N --stop-after distill` makes more)")
     parser.add_argument("--smoke", action="store_true", help="the decision's smoke sizes (run.SMOKE)")
     parser.add_argument("--note", default=None, help="a paragraph for the shipped README.md")
+    parser.add_argument("--no-ship", action="store_true",
+                        help="stop after exporting WORKDIR/export (a decision between pieces ships one later: the "
+                             "same command without --no-ship ships it without training again)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         raise UserError(f"--steps {args.steps}: give at least 1")
@@ -184,6 +188,9 @@ def main(argv: list[str] | None = None) -> str:
     trainer.run()
     export = os.path.join(args.workdir, "export")
     trainer.export(export)
+    if args.no_ship:
+        print(f"exported {export} (not shipped: --no-ship)", file=sys.stderr, flush=True)
+        return export
     command = "python -m experiments.draft_training.piece " + " ".join(
         [f"--steps {piece['steps']}", f"--arm {piece['arm']}", f"--workdir {args.workdir}"] +
         (["--smoke"] if piece["smoke"] else []) +
