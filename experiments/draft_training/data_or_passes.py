@@ -1,5 +1,7 @@
-"""Issue 55's third decision: the last adapter version the repository's history budget holds, trained on new
-answers of the base model or on more passes over the 597 the shipped adapter has read 8.3 times (README)?
+"""Issue 55's third decision: train the last adapter version on new answers of the base, or on more passes?
+
+The repository's history budget holds one more version of the shipped adapter, which has read its 597 training
+answers 8.3 times (README).
 
     python -m recipes.smollm2_sbd.run --workdir runs/more_data --cpu --train-prompts 3200 --stop-after distill
     python -m experiments.draft_training.data_or_passes --workdir runs/data_or_passes          # both arms (resumable)
