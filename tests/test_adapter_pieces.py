@@ -292,7 +292,7 @@ def test_data_or_passes_trains_both_arms_unshipped_measures_them_and_ships_the_r
         workdir = argv[argv.index("--workdir") + 1]
         os.makedirs(workdir, exist_ok=True)
         with open(os.path.join(workdir, piece.PIECE), "w") as f:
-            json.dump({"arm": "adapter_lr10"}, f)
+            json.dump({"arm": "adapter_lr10", "commit": "abc1234"}, f)
         return os.path.join(workdir, "export")
 
     measured = {"passes": 1.60, "data": 1.63}
@@ -309,9 +309,14 @@ def test_data_or_passes_trains_both_arms_unshipped_measures_them_and_ships_the_r
     assert [c[c.index("--workdir") + 1] for c in calls] == [str(tmp_path / "w" / n) for n in ("passes", "data")]
     assert all(c[-1] == "--no-ship" and c[:4] == ["--steps", "150", "--decay-steps", "50"] for c in calls)
     assert results["arms"]["data"]["point"] == {"verified_sbd_4": 1.63, "arm": "adapter_lr10", "step": 150}
+    assert (results["arms"]["data"]["workdir"], results["arms"]["data"]["commit"]) == (
+        str(tmp_path / "w" / "data"), "abc1234")
     assert results["winner"] == "data" == json.load(open(out))["winner"]  # 0.03 more: past the 0.02 margin
     calls.clear()
     assert decision.main(["--workdir", str(tmp_path / "w")])["winner"] == "data" and not calls  # measured: kept
+    with pytest.raises(UserError, match=r"the measured data arm was trained in .*w/data, which this --workdir does "
+                                        r"not hold: ship from --workdir .*/w \(another would train it again\)"):
+        decision.main(["--workdir", str(tmp_path / "elsewhere"), "--ship"])
     assert decision.main(["--workdir", str(tmp_path / "w"), "--ship"])["winner"] == "data"
     assert "--no-ship" not in calls[-1] and calls[-1][calls[-1].index("--workdir") + 1].endswith("data")
     kept = json.load(open(out))

@@ -11,12 +11,13 @@ Fixed on 2026-12-07, before either arm trained and before the new answers existe
 
 - **Arms**: `passes`, a piece (`piece.py`) of `STEPS` steps from the shipped adapter on the recipe's CPU data
   (`data/cpu`), and `data`, the same piece on `DATA` (the 3,200-prompt distillation: the same first 800 prompts
-  and 2,400 more). Everything else is the piece's: the decided arm's objective, rank, 10x learning rate, batch
+  and 2,400 more, so about a quarter of what it reads is the old answers). Everything else is the piece's: the decided arm's objective, rank, 10x learning rate, batch
   4 x 512, seed; constant after warm-up with the last `DECAY` steps decayed to a tenth, as the shipped
   adapter's last piece. Equal steps are equal CPU time (the same shapes); the distillation, once, is extra.
 - **Measured** at the end on the recipe's validation prompts, never the test prompts (`run.measure`, the
   second decision's measure: verified tokens per forward at blocks 4 and 8, SBD and hybrid drafts, fallback
-  blocks, acceptance by position, plain SBD), against the base's NTP outputs in `results.json`.
+  blocks, acceptance by position, plain SBD), against the base's NTP outputs in `results.json`; the float32
+  export is measured, the winner ships in bfloat16 (as every piece before).
 - **Rule**: `data` if its verified SBD tokens per forward at block 4 exceed `passes`' by more than 0.02;
   otherwise `passes`, which needs no new data in the repository.
 
@@ -32,7 +33,7 @@ import sys
 
 from experiments.draft_training import piece, run
 from sbd_jax.errors import UserError
-from sbd_jax.evaluation.results import commit, provenance, write_json
+from sbd_jax.evaluation.results import provenance, write_json
 
 STEPS = 150  # the shipped adapter's last piece: about 70 CPU minutes
 DECAY = 50
@@ -69,6 +70,11 @@ def main(argv: list[str] | None = None) -> dict:
         winner = choose(results)
         if winner is None:
             raise UserError(f"{OUT} does not hold both arms' measurements yet: run without --ship first")
+        trained = results["arms"][winner]["workdir"]
+        if not os.path.isfile(os.path.join(trained, piece.PIECE)) or os.path.abspath(
+                os.path.join(args.workdir, winner)) != trained:
+            raise UserError(f"the measured {winner} arm was trained in {trained}, which this --workdir does not "
+                            f"hold: ship from --workdir {os.path.dirname(trained)} (another would train it again)")
         return {"shipped": piece.main(piece_argv(winner, args.workdir)), "winner": winner}
     if not os.path.isfile(os.path.join(run.ROOT, DATA, "train.jsonl")):
         raise UserError(f"{DATA} is not distilled yet: python -m recipes.smollm2_sbd.run --workdir runs/more_data "
@@ -79,10 +85,11 @@ def main(argv: list[str] | None = None) -> dict:
         arm = results["arms"].setdefault(name, {"data": ARMS[name]})
         if "point" in arm:
             continue
-        arm.setdefault("commit", commit())
         export = piece.main(piece_argv(name, args.workdir) + ["--no-ship"])
-        trained = json.load(open(os.path.join(args.workdir, name, piece.PIECE)))["arm"]  # the decided arm
-        arm["point"] = run.measure(trained, export, STEPS, run.STUDY, base)
+        workdir = os.path.abspath(os.path.join(args.workdir, name))
+        recorded = json.load(open(os.path.join(workdir, piece.PIECE)))  # the decided arm, the commit it began at
+        arm.update(workdir=workdir, commit=recorded["commit"])
+        arm["point"] = run.measure(recorded["arm"], export, STEPS, run.STUDY, base)
         write_json(OUT, results)
         print(json.dumps({"arm": name, **arm["point"]}), flush=True)
     results["winner"] = choose(results)
