@@ -192,7 +192,7 @@ HEADLINE = [
     Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)",
         TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
     *shipped_rows(SHIPPED, "200 held-out chat prompts"),
-    *shipped_rows(SHIPPED_BLOCK_8, "200 held-out chat prompts", block=8)[:2],  # the rows measured so far
+    *shipped_rows(SHIPPED_BLOCK_8, "200 held-out chat prompts", block=8)[:7],  # all but SBD + fallback blocks
     *shipped_rows(SHIPPED_HUMANEVAL, "164 HumanEval problems"),
     Row("SmolLM2-135M + the shipped adapter, the first 20 held-out chat prompts, one at a time",
         "verified, SBD drafts, block 4", ADAPTER_SPEED, speed_at_batch_1("adapter, sbd chain k=4")),
