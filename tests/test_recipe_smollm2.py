@@ -83,14 +83,16 @@ def test_a_killed_distillation_resumes_after_its_last_whole_answer(tmp_path, mon
     prompts = [f"q{i}" for i in range(7)]
     cache = str(tmp_path / distill.ANSWERS)
     settings = {"base": "m", "answer_tokens": 2}
-    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts[:3], batch_size=2, cache=cache,
-                                      settings=settings)
+    texts, ids, resumed = distill.chat_answers(None, None, Tokenizer(), prompts[:3], batch_size=2, cache=cache,
+                                               settings=settings)
+    assert resumed == 0
     assert (decoded, ids) == ([[0, 1], [2, 2]], [[0, 2], [1, 2], [2, 2]])  # the last batch filled with its last
     with open(cache, "a") as f:
         f.write('{"prompt": "q3", "tok')  # a kill while writing the next batch
     decoded.clear()
-    texts, ids = distill.chat_answers(None, None, Tokenizer(), prompts, batch_size=2, cache=cache, settings=settings)
-    assert decoded == [[3, 4], [5, 6]]  # only what the file did not hold whole
+    texts, ids, resumed = distill.chat_answers(None, None, Tokenizer(), prompts, batch_size=2, cache=cache,
+                                               settings=settings)
+    assert decoded == [[3, 4], [5, 6]] and resumed == 3  # only what the file did not hold whole
     assert ids == [[i, 2] for i in range(7)] and texts == [f"answer to {i}" for i in range(7)]
     lines = [json.loads(line) for line in open(cache)]
     assert lines[0] == {"settings": settings} and [a["prompt"] for a in lines[1:]] == prompts

@@ -24,10 +24,10 @@ ANSWERS = "answers.partial.jsonl"  # in the output folder while distilling: the 
 
 def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequence[str], batch_size: int,
                  gamma: float = 0.0, cache: str | None = None, settings: dict | None = None,
-                 ) -> tuple[list[str], list[list[int]]]:
+                 ) -> tuple[list[str], list[list[int]], int]:
     """Decodes chat prompts in batches that share one compiled shape (every batch padded to the longest
     prompt and to `batch_size` rows); answers (texts and generated ids, up to and including the first EOS)
-    come back in the prompts' order. `gamma`: SBD's.
+    come back in the prompts' order, with how many of them `cache` already held. `gamma`: SBD's.
 
     `cache`: a JSONL file, `settings` (what decides the answers: model, length, dtype) on its first line, each
     batch's answers appended as it finishes; a rerun with the same prompts and settings starts after the last
@@ -55,7 +55,7 @@ def chat_answers(decoder: Decoder, params: Any, tokenizer: Any, prompts: Sequenc
         texts += [a["text"] for a in new]
         ids += [a["token_ids"] for a in new]
         print(f"distilled {len(ids)} of {len(encoded)} answers", flush=True)
-    return texts, ids
+    return texts, ids, len(answered)
 
 
 def cached_answers(path: str, prompts: Sequence[str], settings: dict | None) -> list[dict]:

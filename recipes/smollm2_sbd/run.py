@@ -68,7 +68,6 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
 
     from recipes.smollm2_sbd.distill import (
         ANSWERS,
-        cached_answers,
         chat_answers,
         repetition,
         write_distilled,
@@ -86,9 +85,8 @@ def distill(base: str, out: str, sizes: dict, dtype: str) -> dict:
     os.makedirs(out, exist_ok=True)
     cache = os.path.join(out, ANSWERS)
     settings = made_with(base, sizes, dtype)
-    resumed = len(cached_answers(cache, prompts, settings))
-    answers, ids = chat_answers(decoder, jax.device_put(model.params), model.tokenizer, prompts,
-                                sizes["distill_batch"], cache=cache, settings=settings)
+    answers, ids, resumed = chat_answers(decoder, jax.device_put(model.params), model.tokenizer, prompts,
+                                         sizes["distill_batch"], cache=cache, settings=settings)
     counts = write_distilled(out, prompts, answers, ids, model.config.eos_token_ids, sizes["keep_unfinished"])
     heldout = make_prompts(sizes["valid"] + sizes["test"], seed=0, split="heldout")
     write_prompts(os.path.join(out, "valid.jsonl"), heldout[: sizes["valid"]])
