@@ -42,6 +42,15 @@ def test_a_row_holds_only_what_its_decoder_uses():
     assert list(hybrid)[: len(FIELDS)] == list(FIELDS) and hybrid["hybrid_rule"]
 
 
+def test_a_row_records_the_fallback_blocks_a_pass_runs_not_the_number_asked_for():
+    # At block 4 at most 3 drafts can be rejected, so a fourth fallback block is never run.
+    asked_for_more = Settings.verified(4, Drafts.SBD, fallback_blocks=7)
+    assert record(asked_for_more)["fallback_blocks"] == 3
+    assert cache_key(asked_for_more) == cache_key(Settings.verified(4, Drafts.SBD, fallback_blocks=3))
+    assert describe(record(asked_for_more)) == "verified SBD, 3 fallback blocks"
+    assert record(Settings.verified(8, Drafts.SBD, fallback_blocks=7))["fallback_blocks"] == 7
+
+
 def test_every_decoder_has_its_own_key_and_the_key_of_a_row_is_its_settings():
     settings = [NTP, PLAIN, VERIFIED, Settings(mode=Mode.SBD, block_size=4, gamma=0.6),
                 Settings(mode=Mode.SBD, block_size=4, gamma=0.35, proxy=Proxy.LEFT_TO_RIGHT),

@@ -21,12 +21,15 @@ OPTIONAL = ("lookup_min_match", "draft_nodes", "hybrid_rule", "draft_memory")  #
 def record(settings: Settings) -> dict[str, Any]:
     """`FIELDS` of `settings` (NTP: block 1; γ (the default where unset) and the proxy only for plain SBD, the
     draft source only when verifying), and where they apply the lookup's shortest match, the tree's nodes, a kept draft memory and hybrid's rule (so that
-    rows of another rule or width are never mistaken for these)."""
+    rows of another rule or width are never mistaken for these). The fallback blocks are those a pass runs, at
+    most k - 1 (`chain_drafts.fallbacks_used`): asking for more decodes the same, so it is the same row."""
     sbd, verify = settings.mode == Mode.SBD, settings.verify
-    row: dict[str, Any] = {"mode": settings.mode, "block_size": settings.block_size if sbd else 1,
+    block_size = settings.block_size if sbd else 1
+    row: dict[str, Any] = {"mode": settings.mode, "block_size": block_size,
                            "gamma": settings.entropy_budget if sbd and not verify else None,
                            "proxy": settings.proxy if sbd and not verify else None, "verify": verify,
-                           "drafts": settings.drafts if verify else None, "fallback_blocks": settings.fallback_blocks}
+                           "drafts": settings.drafts if verify else None,
+                           "fallback_blocks": chain_drafts.fallbacks_used(settings.fallback_blocks, block_size)}
     if verify and settings.drafts.reads_context and settings.lookup_min_match != 1:
         row["lookup_min_match"] = settings.lookup_min_match
     if verify and settings.drafts.is_tree and settings.draft_nodes != DEFAULT_DRAFT_NODES:
