@@ -88,7 +88,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fallback-blocks", type=int, default=0, metavar="N",
                    help="sbd / hybrid / sbd-tree / tree-sbd drafts: N more masked blocks in each pass, one after each of the first N places "
                    "a draft can be rejected (at most k - 1), so a rejection still leaves drafts for the next pass; "
-                   "the pass grows to (2 + N) k tokens (nearly free on a GPU, about proportional on a CPU)")
+                   "the pass grows to (2 + N) k tokens (by the roofline nearly free on a GPU at small batch; on a CPU its cost grows with its width)")
     p.add_argument("--adapter", default=None,
                    help="a gated adapter for this base model: a shipped adapter's name (smollm2-135m-sbd, for "
                         "smollm2-135m) or a directory (train.py with adapter.rank > 0 writes workdir/adapter); NTP "

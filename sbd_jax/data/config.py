@@ -13,7 +13,7 @@ class DataConfig:
     shard s is read by host s % hosts. Batches depend on (files, seed, shards, workers), not on hosts."""
 
     files: tuple[str, ...] = ()  # JSONL (text / messages) or text files, globs allowed
-    seq_len: int = 256
+    seq_len: int = 256  # tokens a training row holds (documents packed; the SBD step also runs its noisy copy)
     shards: int = 0  # 0: one shard per host
     workers: int = 2  # Grain worker processes per shard (0: read in the main process)
     mask_token: str = "new"  # 'new' (a new embedding row), an existing token's text, or its id ("198")

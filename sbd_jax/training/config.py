@@ -51,8 +51,8 @@ class DistributedConfig:
     """Where the processes of a multi-host run meet; empty / 0 / -1: detected from the cluster."""
 
     coordinator_address: str = ""  # host:port of process 0
-    num_processes: int = 0
-    process_id: int = -1
+    num_processes: int = 0  # processes in the run (0: detected)
+    process_id: int = -1  # this process's index (-1: detected)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ModelToTrain:
     architecture: dict | None = None  # or random init of these ModelConfig fields
     tokenizer: str = ""  # with `architecture`: where the tokenizer comes from (name / dir / gguf)
     dtype: DType = DType.FLOAT32  # compute dtype; master weights and optimizer state stay float32
-    scan_layers: bool = False
+    scan_layers: bool = False  # one stacked parameter tree, scanned: compiles once for all layers
     remat: Remat = Remat.NONE  # what the backward pass recomputes of each layer
     attention: AttentionImpl = AttentionImpl.AUTO  # splash: TPU only
 
@@ -80,17 +80,16 @@ class ObjectiveConfig:
     or the NTP baseline."""
 
     kind: ObjectiveKind = ObjectiveKind.SBD  # what the run trains
-    block_size_min: int = 2
-    block_size_max: int = 16
-    w_ntp: float = 1.0
-    w_matp: float = 1.0
-    eta_min: float = 0.0
-    eta_max: float = 1.0
-    # What the drafts train on (objective.DraftTraining; 0 = the paper's objective): the share of rows
-    # masked entirely, the MATP weight's decay scale over block positions, the weight of soft targets.
-    full_mask_share: float = 0.0
-    position_decay: float = 0.0
-    soft_target: float = 0.0
+    block_size_min: int = 2  # each step's block size k is drawn uniformly from [block_size_min, block_size_max]
+    block_size_max: int = 16  # the largest k drawn (decoding with larger blocks drafts positions never trained)
+    w_ntp: float = 1.0  # weight of the next-token loss on the clean half
+    w_matp: float = 1.0  # weight of the masked-token loss on the noisy half's blocks
+    eta_min: float = 0.0  # each block's masking rate is drawn uniformly from [eta_min, eta_max]
+    eta_max: float = 1.0  # the largest masking rate drawn (1: the whole block masked)
+    # What the drafts train on (objective.DraftTraining; 0 = the paper's objective):
+    full_mask_share: float = 0.0  # the share of rows whose noisy half is masked entirely, as verified decoding drafts
+    position_decay: float = 0.0  # > 0: block position j (from 0) weighs exp(-j / position_decay) in the MATP loss
+    soft_target: float = 0.0  # the MATP target's weight on the clean half's own next-token distribution (rest: the data token)
 
     def __post_init__(self) -> None:
         _parse_choices(self, "objective")
@@ -109,9 +108,9 @@ class ObjectiveConfig:
 class LoopConfig:
     """The `train` section: how long, how big a batch, how often the host looks at metrics."""
 
-    steps: int = 100
-    batch_size: int = 8
-    grad_accum: int = 1
+    steps: int = 100  # optimizer steps of the whole run (a resumed run stops here too)
+    batch_size: int = 8  # sequences a step, over all devices
+    grad_accum: int = 1  # micro-batches a step (batch_size must divide by it): less memory, same update
     log_every: int = 10  # steps between metric fetches (the only host sync; checkpoints fetch too)
 
     def __post_init__(self) -> None:
@@ -128,15 +127,15 @@ class LoopConfig:
 class OptimizerConfig:
     """AdamW and its learning-rate schedule (see train_step.make_optimizer)."""
 
-    lr: float = 3e-4
-    warmup_steps: int = 10
+    lr: float = 3e-4  # the peak learning rate (a gated adapter wants about 10x a full fine-tune's: docs/training.md)
+    warmup_steps: int = 10  # linear warm-up from 0
     schedule: Schedule = Schedule.COSINE  # the learning rate's shape after warmup
     decay_steps: int = 0  # wsd: linear decay to final_lr_ratio over the last decay_steps steps
-    final_lr_ratio: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.95
-    eps: float = 1e-8
-    weight_decay: float = 0.1
+    final_lr_ratio: float = 0.1  # the learning rate at the end of the decay, as a share of the peak
+    b1: float = 0.9  # AdamW's first-moment decay
+    b2: float = 0.95  # AdamW's second-moment decay
+    eps: float = 1e-8  # AdamW's epsilon
+    weight_decay: float = 0.1  # AdamW's decoupled weight decay
     clip_norm: float = 1.0  # 0: no clipping
 
     def __post_init__(self) -> None:
@@ -155,10 +154,10 @@ class OptimizerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 50
-    keep: int = 3
+    every: int = 50  # steps between checkpoints (a kill loses at most these; SIGTERM and Ctrl-C lose none)
+    keep: int = 3  # the last checkpoints kept
     keep_period: int = 0  # > 0: also keep every checkpoint whose step is a multiple of it (milestones)
-    async_save: bool = True
+    async_save: bool = True  # write checkpoints in the background while training goes on
 
     def __post_init__(self) -> None:
         check_at_least("checkpoint.every", self.every, 1)
@@ -171,9 +170,9 @@ class AdapterSection:
     """The gated adapter (`sbd_jax.model.adapter`): rank 0 (the default) fine-tunes every weight as the paper
     does; rank > 0 freezes the base and trains only a low-rank adapter that acts on block positions."""
 
-    rank: int = 0
-    alpha: float = 32.0
-    targets: tuple[str, ...] = ADAPTER_TARGETS
+    rank: int = 0  # the adapter's rank (0: no adapter, every weight trains)
+    alpha: float = 32.0  # the adapter's scale: it adds (alpha / rank) B A x
+    targets: tuple[str, ...] = ADAPTER_TARGETS  # the projections the adapter acts on
     # Start the adapter from a trained one instead of a new one: an adapter directory or a shipped adapter's
     # name (e.g. smollm2-135m-sbd). Its rank, alpha, targets, base and mask token must be this run's; its
     # weights (mask embedding included) are used only when the workdir has no checkpoint of its own, and
@@ -215,14 +214,14 @@ class TrainConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
     distributed: DistributedConfig = DistributedConfig()
     adapter: AdapterSection = AdapterSection()
-    seed: int = 0
+    seed: int = 0  # model init, masking draws and data order
     multihost: bool = False  # True: jax.distributed.initialize() (one process per host)
     mesh: tuple[int, ...] = (1, -1, 1)  # (data, fsdp, tensor); -1 takes the remaining devices
     export_hf: bool = True  # write workdir/hf (an HF directory with the mask token) at the end
     # Start from another run's checkpoint (state and data position) when this workdir has none: its
     # workdir, and the step (0 = its latest). E.g. branch a decay phase off a long WSD run.
     init_from: str = ""
-    init_step: int = 0
+    init_step: int = 0  # with init_from: the step of its checkpoint to start from (0: its latest)
 
     def __post_init__(self) -> None:
         from sbd_jax.training.objective import check_objective
