@@ -1,4 +1,4 @@
-"""Issue 55's third decision: train the last adapter version on new answers of the base, or on more passes?
+"""The third draft-training decision: train the last adapter version on new answers of the base, or on more passes?
 
 The repository's history budget holds one more version of the shipped adapter, which has read its 597 training
 answers 8.3 times (README).
