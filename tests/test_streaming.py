@@ -302,6 +302,25 @@ def test_a_restored_stream_refuses_other_batch_shapes(tmp_path):
                                seed=3, host=0, hosts=1).set_state(state)
 
 
+def test_a_restored_stream_refuses_other_workers_or_shards_naming_them(tmp_path):
+    # Workers 0 and 1 both read 2 streams of the same chunks: only the recorded count tells them apart, and a
+    # position restored into other workers' streams went on silently, then failed to save.
+    tok = char_tokenizer(tmp_path)
+    path = corpus(tmp_path, 300)
+    state = batches([path], tok).get_state()
+    with pytest.raises(UserError, match=r"data.shards=2 x data.workers=0 streams, not 2 x 1: resume with "
+                                        r"data.workers=0"):
+        batches([path], tok, workers=1).set_state(state)
+    # A position saved before the layout recorded them (an older version) still restores.
+    saved = json.loads(state)
+    del saved["layout"]["workers"], saved["layout"]["shards"]
+    resumed = batches([path], tok)
+    resumed.set_state(json.dumps(saved).encode())
+    expected = batches([path], tok)
+    expected.set_state(state)
+    assert all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(take(resumed, 2), take(expected, 2)))
+
+
 @pytest.mark.parametrize("name, content, message", [
     ("data.jsonl.gz", b"\x1f\x8b\x08\x00garbage", "is compressed"),
     ("DATA.JSONL", json.dumps({"text": "upper-case extension"}).encode() + b"\n", None),

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from sbd_jax.checkpoints.files import reports_write_errors
 from sbd_jax.errors import UserError
 from sbd_jax.model.adapter import adapter_tree, merge
 from sbd_jax.model.config import AdapterConfig, ModelConfig
@@ -80,6 +81,7 @@ def _per_layer(tree: dict) -> dict:
                        for i in range(num_layers)}}
 
 
+@reports_write_errors
 def save_adapter(path: str, config: ModelConfig, adapter: dict, base: dict[str, Any],
                  init_from: dict[str, Any] | None = None) -> None:
     """Writes `adapter.safetensors` and `adapter.json`. `base`: what names the base model (`name`,

@@ -1,9 +1,30 @@
-"""Writing weight files with the permissions of the files beside them."""
+"""Writing weight files with the permissions of the files beside them, and a failed write as one line."""
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+from safetensors import SafetensorError
+
+from sbd_jax.errors import UserError
+
+Save = TypeVar("Save", bound=Callable[..., Any])
+
+
+def reports_write_errors(save: Save) -> Save:
+    """`save(path, ...)` with a failed write under `path` (a full disk, a lost mount, no permission) raised as a
+    UserError naming the path and the fix, instead of a traceback from inside safetensors or json."""
+    @functools.wraps(save)
+    def saving(path: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return save(path, *args, **kwargs)
+        except (OSError, SafetensorError) as e:
+            cause = (str(e).splitlines() or [""])[0][:200]
+            raise UserError(f"cannot write {path} ({type(e).__name__}: {cause}); free space or choose a directory "
+                            "you can write, then run the same command again") from None
+    return saving  # type: ignore[return-value]
 
 
 def save_safetensors(arrays: dict[str, Any], file: str, metadata: dict[str, str] | None = None) -> None:

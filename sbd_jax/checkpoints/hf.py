@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from sbd_jax.checkpoints.files import save_safetensors
+from sbd_jax.checkpoints.files import reports_write_errors, save_safetensors
 from sbd_jax.checkpoints.hf_config import config_from_hf, config_to_hf
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import ModelConfig
@@ -188,6 +188,7 @@ def _check_shape(name: str, got: tuple, want: tuple, transposed: bool, path: str
                         "the weights and config.json do not belong together")
 
 
+@reports_write_errors
 def save_hf(path: str, cfg: ModelConfig, params: dict, tokenizer: Any = None,
             max_shard_bytes: int = 5 * 2**30) -> None:
     """Writes params as an HF directory that `transformers.AutoModelForCausalLM.from_pretrained` loads.

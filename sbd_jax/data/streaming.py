@@ -201,8 +201,14 @@ class HostBatches:
     def set_state(self, state: bytes) -> None:
         saved = json.loads(state)
         layout = saved.get("layout") or {}
-        changed = [key for key, value in self._layout.items() if layout.get(key) != value]
+        # A key the saved layout lacks was not recorded by the version that wrote it: not compared.
+        changed = [key for key, value in self._layout.items() if key in layout and layout[key] != value]
         described = ", ".join(f"{key} {layout.get(key)} -> {self._layout[key]}" for key in changed)
+        if {"workers", "shards"} & set(changed):
+            raise UserError(f"the checkpoint's data position is that of data.shards={layout.get('shards')} x "
+                            f"data.workers={layout.get('workers')} streams, not {self._layout['shards']} x "
+                            f"{self._layout['workers']}: resume with data.workers={layout.get('workers')} (and "
+                            "the same data.shards and hosts), or start a new run (another --workdir)")
         if changed and set(changed) <= {"seq_len", "rows_per_shard"}:
             raise UserError(f"the checkpoint was trained with other batch shapes ({described}): resume with its "
                             "data.seq_len and train.batch_size, or start a new run (another --workdir)")
@@ -254,7 +260,8 @@ def host_batches(data: DataConfig, tokenizer: Any, *, global_batch: int, seed: i
     # A window longer than the corpus (a token is seldom less than a byte of it) would mix nothing more.
     window_tokens = min(WINDOW_TOKENS, sum(os.path.getsize(path) for path in paths))
     layout = {"chunks": len(chunks), "chunk_bytes": chunk_bytes, "open_chunks": OPEN_CHUNKS,
-              "window_tokens": window_tokens, "epochs": "per shard", "seq_len": seq_len, "rows_per_shard": rows}
+              "window_tokens": window_tokens, "epochs": "per shard", "seq_len": seq_len, "rows_per_shard": rows,
+              "shards": shards, "workers": workers}
     return HostBatches({s: shard_stream(chunks, s, shards, tokenizer, seq_len, rows, seed, workers, window_tokens)
                         for s in range(host, shards, hosts)}, layout)
 

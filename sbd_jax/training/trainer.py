@@ -33,6 +33,7 @@ from sbd_jax.model.mask_token import setup_mask_token
 from sbd_jax.model.transformer import Transformer, init_params
 from sbd_jax.roofline import device_peak_flops, shape_of, training_flops_per_token
 from sbd_jax.training import checkpoints as train_checkpoints
+from sbd_jax.training import run_identity
 from sbd_jax.training.config import DistributedConfig, ModelToTrain, ObjectiveKind, TrainConfig
 from sbd_jax.training.log import MetricsLog, Progress, Window
 from sbd_jax.training.step import (
@@ -99,7 +100,7 @@ class Trainer:
         # An adapter run is one whose model config has the adapter (`self.config.adapter`): the one flag of it.
         self.config, params, self.tokenizer = self._model()
         self.config = self.config.replace(adapter=cfg.adapter.model_config())
-        base_fingerprint = fingerprint(params) if self.config.adapter else ""  # the user's weights, as loaded
+        base_fingerprint = fingerprint(params) if cfg.model.name else ""  # the user's weights, as loaded
         if cfg.objective.kind == ObjectiveKind.SBD:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
@@ -116,6 +117,11 @@ class Trainer:
         self.iterator = streaming.host_batches(
             cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed,
             host=jax.process_index(), hosts=jax.process_count())
+        if cfg.data.seq_len > self.config.max_position_embeddings:
+            raise UserError(f"config data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings="
+                            f"{self.config.max_position_embeddings}: it was never trained at those positions; lower "
+                            "data.seq_len")
+        self.identity = run_identity.run_identity(self.config, base_fingerprint, cfg.objective.kind.value)
         self.model = Transformer(self.config, mesh=self.mesh, attention=cfg.model.attention, remat=cfg.model.remat)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
         self.state = sharded_state(params, self.tx, self.mesh)
@@ -161,12 +167,22 @@ class Trainer:
 
     def _run(self, until: int | None) -> list[dict[str, float]]:
         manager = self.checkpoint_manager()
+        total = self.cfg.train.steps
         try:
+            own = bool(manager.all_steps())
+            if own or self.cfg.init_from:  # what the checkpoints restored next were trained as
+                run_identity.check_same_run(self.workdir if own else self.cfg.init_from, self.identity,
+                                            "--workdir" if own else "init_from")
             self.state, start = train_checkpoints.resume(manager, self.cfg, self.workdir, self.state, self.iterator)
+            if start > total or (start == total and not own):
+                raise UserError(f"the checkpoint resumed from ({'--workdir' if own else 'init_from'}) is at step "
+                                f"{start}, {'past' if start > total else 'already at'} train.steps={total}, which "
+                                f"counts the whole run: set train.steps above {start} to train on")
         except UserError:
             manager.close()  # its background threads would otherwise print tracebacks at exit
             raise
-        total = self.cfg.train.steps
+        if jax.process_index() == 0 and not (own and run_identity.recorded(self.workdir)):
+            run_identity.record(self.workdir, self.identity)  # a workdir from before identities: from now on
         if self.cfg.optimizer.warmup_steps > total and start == 0:
             print(f"note: optimizer.warmup_steps={self.cfg.optimizer.warmup_steps} > train.steps={total}: the "
                   "learning rate never reaches optimizer.lr", file=sys.stderr)
