@@ -32,9 +32,19 @@ def test_a_run_that_differs_from_the_recorded_one_is_refused_naming_each_differe
         run_identity.check_same_run(str(tmp_path), run_identity.run_identity(CONFIG, "base-a", "ntp"), "--workdir")
 
 
-def test_a_workdir_from_before_identities_is_not_checked(tmp_path):
+def test_a_workdir_from_before_identities_or_a_field_added_since_is_not_checked_and_a_damaged_record_is_named(
+        tmp_path):
     run_identity.check_same_run(str(tmp_path), run_identity.run_identity(CONFIG, "", "sbd"), "--workdir")
     assert not run_identity.recorded(str(tmp_path))
+    older = run_identity.run_identity(CONFIG, "", "sbd")
+    del older["model"]["qk_norm"]  # as if written before the field existed
+    run_identity.record(str(tmp_path), older)
+    run_identity.check_same_run(str(tmp_path), run_identity.run_identity(CONFIG.replace(qk_norm=True), "", "sbd"),
+                                "--workdir")
+    (tmp_path / run_identity.IDENTITY).write_text('{"model": ')
+    with pytest.raises(UserError, match=r"^cannot read .*run_identity.json \(JSONDecodeError: .*\): it records what "
+                                        r"the checkpoints beside it were trained as; restore it, or start a new run"):
+        run_identity.check_same_run(str(tmp_path), older, "--workdir")
 
 
 @requires_smollm2
@@ -49,7 +59,10 @@ def test_a_resume_as_another_run_or_before_its_checkpoint_is_refused_and_the_sam
     with pytest.raises(UserError, match=r"is at step 2, past train.steps=1, which counts the whole run: set "
                                         r"train.steps above 2"):
         Trainer(small_config(train__steps=1), str(tmp_path)).run()
+    # A workdir from before identities resumes, and records its identity from then on.
+    (tmp_path / run_identity.IDENTITY).unlink()
     assert [r["step"] for r in Trainer(small_config(train__steps=3), str(tmp_path)).run()] == [3]
+    assert run_identity.recorded(str(tmp_path))
     # A branch (init_from) is checked against the run it branches from, and must have steps left to train.
     with pytest.raises(UserError, match=r"checkpoints in init_from .* trained as another run"):
         branched = small_config(train__steps=4)
@@ -59,17 +72,38 @@ def test_a_resume_as_another_run_or_before_its_checkpoint_is_refused_and_the_sam
         branched = small_config(train__steps=3)
         branched.init_from = str(tmp_path)
         Trainer(branched, str(tmp_path / "branch2")).run()
+    branched.train.steps = 4
+    Trainer(branched, str(tmp_path / "branch2")).run()
+    assert run_identity.recorded(str(tmp_path / "branch2"))  # the branch is checked against itself from now on
+
+
+@requires_smollm2
+def test_an_adapter_run_resumed_on_another_base_or_mask_token_is_refused(tmp_path):
+    """The motivating case: an adapter run's checkpoint holds only the adapter, so it restored onto any base."""
+    cfg = small_config(train__steps=1, adapter__rank=4)
+    Trainer(cfg, str(tmp_path)).run()
+    other_base = small_config(train__steps=2, adapter__rank=4)
+    other_base.seed = 1  # a random base of another seed: other frozen weights
+    with pytest.raises(UserError, match=r"another run \(base_fingerprint '\w+' -> '\w+'\)"):
+        Trainer(other_base, str(tmp_path)).run()
+    other_mask = small_config(train__steps=2, adapter__rank=4, adapter__alpha=8.0, data__mask_token="7")
+    with pytest.raises(UserError, match=r"another run \(adapter.alpha 32.0 -> 8.0; model.mask_token_id 49152 -> 7; "
+                                        r"model.vocab_size 49153 -> 49152\)"):
+        Trainer(other_mask, str(tmp_path)).run()
 
 
 @requires_smollm2
 def test_rows_longer_than_the_models_positions_are_refused(tmp_path):
     cfg = small_config()
     cfg.data.seq_len = cfg.model.architecture["max_position_embeddings"] + 1
-    with pytest.raises(UserError, match=r"data.seq_len=1025 exceeds the model's max_position_embeddings=1024"):
+    with pytest.raises(UserError, match=r"data.seq_len=1025 exceeds the model's max_position_embeddings=1024: lower "
+                                        r"data.seq_len or raise model.architecture's max_position_embeddings$"):
         Trainer(cfg, str(tmp_path))
 
 
 def test_a_failed_export_is_one_line_naming_the_directory(tmp_path, monkeypatch):
+    import numpy as np
+
     from sbd_jax.checkpoints import hf
     from sbd_jax.model.transformer import init_params
 
@@ -82,3 +116,10 @@ def test_a_failed_export_is_one_line_naming_the_directory(tmp_path, monkeypatch)
                                         r"device\); free space or choose a directory you can write, then run the "
                                         r"same command again$"):
         hf.save_hf(str(tmp_path / "hf"), CONFIG, params)
+
+    from sbd_jax.checkpoints import adapter, files
+
+    monkeypatch.setattr(files, "save_safetensors", full_disk)
+    tuned = CONFIG.replace(adapter=AdapterConfig(rank=4))
+    with pytest.raises(UserError, match=rf"^cannot write {tmp_path}/adapter \(OSError: \[Errno 28\]"):
+        adapter.save_adapter(str(tmp_path / "adapter"), tuned, {"embed": {"mask": np.zeros(4, np.float32)}}, {})

@@ -148,6 +148,16 @@ def test_a_longer_study_extends_the_presets_budgets_only_where_the_trunk_can_bra
     assert proc.returncode == 2 and proc.stderr.startswith("error: --budgets 600 650") and "Traceback" not in proc.stderr
 
 
+def test_a_trunk_extended_by_a_larger_study_is_kept_as_it_is_by_a_smaller_one(tmp_path):
+    # A trainer refuses train.steps below its checkpoint's: the smaller study's trunk asks for what is saved.
+    from experiments.small_scale.run import saved_steps
+
+    assert saved_steps(str(tmp_path)) == 0
+    for name in ("540", "1080", "1080.orbax-checkpoint-tmp", "damaged"):
+        os.makedirs(tmp_path / "checkpoints" / name)
+    assert saved_steps(str(tmp_path)) == 1080
+
+
 def _entry(model: str, mode: str, split: str, correct: str, block_size: int = 1, gamma=None, per_pass=1.0) -> dict:
     accuracy = correct.count("1") / len(correct)
     return {"model": model, "mode": mode, "split": split, "block_size": block_size, "gamma": gamma, "verify": False,

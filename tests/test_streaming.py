@@ -308,10 +308,12 @@ def test_a_restored_stream_refuses_other_workers_or_shards_naming_them(tmp_path)
     tok = char_tokenizer(tmp_path)
     path = corpus(tmp_path, 300)
     state = batches([path], tok).get_state()
-    with pytest.raises(UserError, match=r"data.shards=2 x data.workers=0 streams, not 2 x 1: resume with "
-                                        r"data.workers=0"):
+    with pytest.raises(UserError, match=r"other streams \(workers 0 -> 1\): resume with data.workers=0, or start"):
         batches([path], tok, workers=1).set_state(state)
-    # A position saved before the layout recorded them (an older version) still restores.
+    with pytest.raises(UserError, match=r"other streams \(.*shards 2 -> 1\): resume with data.shards=2 \(or "
+                                        r"data.shards=0 on 2 hosts\), or start"):
+        batches([path], tok, shards=1).set_state(state)
+    # A position saved before the layout recorded the streams (an older version) still restores...
     saved = json.loads(state)
     del saved["layout"]["workers"], saved["layout"]["shards"]
     resumed = batches([path], tok)
@@ -319,6 +321,10 @@ def test_a_restored_stream_refuses_other_workers_or_shards_naming_them(tmp_path)
     expected = batches([path], tok)
     expected.set_state(state)
     assert all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(take(resumed, 2), take(expected, 2)))
+    # ... but one from before the stream read epochs per shard (no "epochs" key) is refused, as it was.
+    del saved["layout"]["epochs"]
+    with pytest.raises(UserError, match=r"laid out otherwise \(epochs None -> per shard\)"):
+        batches([path], tok).set_state(json.dumps(saved).encode())
 
 
 @pytest.mark.parametrize("name, content, message", [

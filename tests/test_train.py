@@ -292,6 +292,9 @@ def test_mismatched_checkpoint_in_workdir_is_refused(tmp_path):
     Trainer(cfg, str(tmp_path)).run()
     other = quick_config(train__steps=2)
     other.model.architecture = {**dict(other.model.architecture), "num_layers": 2}
+    with pytest.raises(UserError, match=r"trained as another run \(model.num_layers 4 -> 2\)"):
+        Trainer(other, str(tmp_path)).run()
+    os.remove(tmp_path / "run_identity.json")  # a workdir from before identities: Orbax's restore refuses it
     with pytest.raises(UserError, match="cannot restore the checkpoint of step 1 .* written for another config or is damaged"):
         Trainer(other, str(tmp_path)).run()
 

@@ -61,6 +61,12 @@ def model_plan(sizes: dict) -> list[tuple[str, str, int]]:
     return plan + [("sbd", "sbd", sizes["scratch_steps"]), ("sbd_no_ntp", "sbd_no_ntp", sizes["scratch_steps"])]
 
 
+def saved_steps(run_dir: str) -> int:
+    """The step of the newest checkpoint in `run_dir` (0 for none)."""
+    folder = os.path.join(run_dir, "checkpoints")
+    return max((int(name) for name in os.listdir(folder) if name.isdigit()), default=0) if os.path.isdir(folder) else 0
+
+
 def _log(run_dir: str) -> list[dict]:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
@@ -75,6 +81,8 @@ def train(name: str, variant: str, steps: int, sizes: dict, corpus, tokenizer_di
     from sbd_jax.training.trainer import Trainer
 
     runs = os.path.join(workdir, "runs")
+    if variant == "trunk":  # extended by a study with larger budgets before: a smaller one branches from it as it is
+        steps = max(steps, saved_steps(os.path.join(runs, name)))
     cfg = get_config(variant, files=corpus.train_files, tokenizer=tokenizer_dir, steps=steps,
                      batch_size=sizes["batch_size"], seq_len=sizes["seq_len"], smoke=smoke,
                      ntp_model=os.path.join(runs, "ntp", "hf"), trunk=os.path.join(runs, "trunk"),

@@ -176,6 +176,9 @@ def _exit_with_parent(worker_index: int, worker_count: int, parent: int) -> None
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
+STREAMS = {"shards", "workers"}  # layout keys that say how many streams read the data
+
+
 class HostBatches:
     """This host's part of each global batch: the next batch of each of its shards, concatenated.
 
@@ -201,14 +204,18 @@ class HostBatches:
     def set_state(self, state: bytes) -> None:
         saved = json.loads(state)
         layout = saved.get("layout") or {}
-        # A key the saved layout lacks was not recorded by the version that wrote it: not compared.
-        changed = [key for key, value in self._layout.items() if key in layout and layout[key] != value]
+        # The streams were recorded from 2026-12-07 on: a position saved before cannot say how many read it.
+        changed = [key for key, value in self._layout.items()
+                   if (key in layout or key not in STREAMS) and layout.get(key) != value]
         described = ", ".join(f"{key} {layout.get(key)} -> {self._layout[key]}" for key in changed)
-        if {"workers", "shards"} & set(changed):
-            raise UserError(f"the checkpoint's data position is that of data.shards={layout.get('shards')} x "
-                            f"data.workers={layout.get('workers')} streams, not {self._layout['shards']} x "
-                            f"{self._layout['workers']}: resume with data.workers={layout.get('workers')} (and "
-                            "the same data.shards and hosts), or start a new run (another --workdir)")
+        if STREAMS & set(changed):
+            fixes = []
+            if "shards" in changed:
+                fixes.append(f"data.shards={layout['shards']} (or data.shards=0 on {layout['shards']} hosts)")
+            if "workers" in changed:
+                fixes.append(f"data.workers={layout['workers']}")
+            raise UserError(f"the checkpoint's data position is that of other streams ({described}): resume with "
+                            f"{' and '.join(fixes)}, or start a new run (another --workdir)")
         if changed and set(changed) <= {"seq_len", "rows_per_shard"}:
             raise UserError(f"the checkpoint was trained with other batch shapes ({described}): resume with its "
                             "data.seq_len and train.batch_size, or start a new run (another --workdir)")

@@ -100,7 +100,12 @@ class Trainer:
         # An adapter run is one whose model config has the adapter (`self.config.adapter`): the one flag of it.
         self.config, params, self.tokenizer = self._model()
         self.config = self.config.replace(adapter=cfg.adapter.model_config())
-        base_fingerprint = fingerprint(params) if cfg.model.name else ""  # the user's weights, as loaded
+        # The user's weights as loaded (a random base of an adapter run too: its seed decides it).
+        base_fingerprint = fingerprint(params) if cfg.model.name or self.config.adapter else ""
+        if cfg.data.seq_len > self.config.max_position_embeddings:
+            raise UserError(f"config data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings="
+                            f"{self.config.max_position_embeddings}: lower data.seq_len"
+                            + ("" if cfg.model.name else " or raise model.architecture's max_position_embeddings"))
         if cfg.objective.kind == ObjectiveKind.SBD:
             self.config, params, self.tokenizer = setup_mask_token(self.config, params, self.tokenizer,
                                                                    cfg.data.mask_token)
@@ -117,10 +122,6 @@ class Trainer:
         self.iterator = streaming.host_batches(
             cfg.data, self.tokenizer, global_batch=cfg.train.batch_size, seed=cfg.seed,
             host=jax.process_index(), hosts=jax.process_count())
-        if cfg.data.seq_len > self.config.max_position_embeddings:
-            raise UserError(f"config data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings="
-                            f"{self.config.max_position_embeddings}: it was never trained at those positions; lower "
-                            "data.seq_len")
         self.identity = run_identity.run_identity(self.config, base_fingerprint, cfg.objective.kind.value)
         self.model = Transformer(self.config, mesh=self.mesh, attention=cfg.model.attention, remat=cfg.model.remat)
         self.tx, self.schedule = make_optimizer(cfg.optimizer, cfg.train.steps)
@@ -244,6 +245,7 @@ class Trainer:
 
     def export_checkpoint(self, step: int, path: str) -> None:
         """Writes this run's checkpoint of `step` as an HF directory (milestones of a run, e.g. a trend)."""
+        run_identity.check_same_run(self.workdir, self.identity, "--workdir")
         self.state = train_checkpoints.restore(self.checkpoint_manager(), step, self.workdir, self.state, self.iterator)
         self.export(path)
 
