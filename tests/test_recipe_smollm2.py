@@ -3,6 +3,7 @@
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -24,6 +25,17 @@ def test_prompts_are_deterministic_distinct_and_mixed():
     coding = sum(p.startswith(("Write a Python", "Implement", "In Python")) for p in prompts)
     arithmetic = sum(p.endswith("Explain step by step.") for p in prompts)
     assert 0.3 < coding / 300 < 0.6 and 0.2 < arithmetic / 300 < 0.5
+
+
+def test_the_recipes_prompts_are_the_same_in_every_process():
+    """A default's repr held a memory address, so a prompt differed from process to process and a resumed
+    distillation could refuse its own answers. Made as the recipe makes them (its imports first: libraries it
+    imports add methods to standard-library classes, so this pytest process is not the recipe's)."""
+    script = ("import json, recipes.smollm2_sbd.run; from recipes.smollm2_sbd.prompts import make_prompts; "
+              "print(json.dumps(make_prompts(3200, seed=0)))")
+    made = [json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                                      check=True, env=dict(os.environ, PYTHONPATH=ROOT)).stdout) for _ in range(2)]
+    assert made[0] == made[1] and not any(" at 0x" in p for p in made[0])
 
 
 def test_humaneval_harness_passes_right_code_and_fails_wrong_code():

@@ -4,13 +4,17 @@ Three kinds, mixed: coding requests built from the signatures and docstrings of 
 functions and methods, templated grade-school arithmetic word problems, and short explanation
 requests about standard-library modules. Training and held-out prompts never share a module: every
 fifth module (sorted by name) is held out, and an arithmetic prompt is held out by a hash of its text.
-The lists are pure functions of (count, seed, split).
+The lists are pure functions of (count, seed, split) within one program: the functions are read from the
+imported modules, and a library the program imports can add methods to standard-library classes (transformers
+adds `logging.Logger.warning_advice`), so the recipe's prompts are those its own process sees. Memory addresses
+in default values' reprs are dropped (they made a prompt differ from run to run).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import zlib
 
 import numpy as np
@@ -60,8 +64,11 @@ def _spec(module_name: str, name: str, function: object) -> tuple[str, str, str]
         signature = str(inspect.signature(function))
     except (TypeError, ValueError):
         return None
-    if not doc or len(signature) >= 80:
+    if not doc or len(signature) >= 80:  # measured with any address in it, as the committed data was made
         return None
+    # A default's repr can hold a memory address ("<built-in method match of re.Pattern object at 0x7f...>"),
+    # which made such a prompt differ from process to process (and a resumed distillation refuse its own file).
+    signature = re.sub(r" at 0x[0-9a-f]+", "", signature)
     sentence = doc.split("\n\n")[0].replace("\n", " ").split(". ")[0].rstrip(".")
     return (module_name, name + signature, sentence) if 10 < len(sentence) < 200 else None
 
