@@ -62,9 +62,14 @@ def model_plan(sizes: dict) -> list[tuple[str, str, int]]:
 
 
 def saved_steps(run_dir: str) -> int:
-    """The step of the newest checkpoint in `run_dir` (0 for none)."""
-    folder = os.path.join(run_dir, "checkpoints")
-    return max((int(name) for name in os.listdir(folder) if name.isdigit()), default=0) if os.path.isdir(folder) else 0
+    """The step of the newest finished checkpoint in `run_dir` (0 for none), as Orbax lists them."""
+    import orbax.checkpoint as ocp
+
+    folder = os.path.abspath(os.path.join(run_dir, "checkpoints"))
+    if not os.path.isdir(folder):
+        return 0
+    with ocp.CheckpointManager(folder, options=ocp.CheckpointManagerOptions(read_only=True)) as manager:
+        return manager.latest_step() or 0
 
 
 def _log(run_dir: str) -> list[dict]:
