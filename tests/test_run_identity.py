@@ -6,6 +6,7 @@ import errno
 
 import pytest
 
+from sbd_jax.data.streaming import HostBatches
 from sbd_jax.errors import UserError
 from sbd_jax.model.config import AdapterConfig, ModelConfig
 from sbd_jax.training import run_identity
@@ -48,7 +49,7 @@ def test_a_workdir_from_before_identities_or_a_field_added_since_is_not_checked_
 
 
 @requires_smollm2
-def test_a_resume_as_another_run_or_before_its_checkpoint_is_refused_and_the_same_run_resumes(tmp_path):
+def test_a_resume_as_another_run_or_before_its_checkpoint_is_refused_and_the_same_run_resumes(tmp_path, monkeypatch):
     cfg = small_config(train__steps=2, checkpoint__every=2)
     Trainer(cfg, str(tmp_path)).run()
     assert run_identity.recorded(str(tmp_path))
@@ -56,9 +57,13 @@ def test_a_resume_as_another_run_or_before_its_checkpoint_is_refused_and_the_sam
     other.model.architecture = {**other.model.architecture, "rope_theta": 50000.0}
     with pytest.raises(UserError, match=r"trained as another run \(model.rope_theta 10000.0 -> 50000.0\)"):
         Trainer(other, str(tmp_path)).run()
+    closed = []  # a run that ends in an error stops its data workers (their shared memory leaked at exit)
+    monkeypatch.setattr(HostBatches, "close", lambda self: closed.append(self))
+    refused = Trainer(small_config(train__steps=1), str(tmp_path))
     with pytest.raises(UserError, match=r"is at step 2, past train.steps=1, which counts the whole run: set "
                                         r"train.steps above 2"):
-        Trainer(small_config(train__steps=1), str(tmp_path)).run()
+        refused.run()
+    assert closed == [refused.iterator]
     # A workdir from before identities resumes, and records its identity from then on.
     (tmp_path / run_identity.IDENTITY).unlink()
     assert [r["step"] for r in Trainer(small_config(train__steps=3), str(tmp_path)).run()] == [3]

@@ -127,6 +127,27 @@ def test_a_failed_save_stops_the_run_at_once_in_one_line(tmp_path, monkeypatch, 
     assert steps == ([1, 2] if failing == "save" else [1, 2, 3][: len(steps)]) and len(steps) >= 2
 
 
+def test_a_checkpoint_that_cannot_fit_is_refused_before_orbax_writes_it(tmp_path, monkeypatch):
+    """A save that filled the disk failed in Orbax's background threads: about a hundred asyncio
+    tracebacks (a 30 MiB tmpfs and the tiny config), and the error named the step after the failed one."""
+    import collections
+
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+
+    from sbd_jax.training import checkpoints
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda path: usage(8 * 2**20, 7 * 2**20, 2**20))
+    manager = ocp.CheckpointManager(str(tmp_path / "checkpoints"))
+    state = {"w": jnp.zeros(2**20, jnp.float32)}  # 4 MiB
+    with pytest.raises(checkpoints.SaveFailed, match=r"^cannot save the checkpoint of step 2 in .* \(OSError: "
+                       r"\[Errno 28\] No space left on device: the checkpoint needs 4\.0 MiB, 1\.0 MiB are free\); "
+                       r"training stopped: free space .* resume from the start$"):
+        checkpoints.save(manager, 2, state, None, str(tmp_path))
+    assert os.listdir(tmp_path / "checkpoints") == []  # nothing written
+
+
 def test_ctrl_c_stops_like_sigterm_with_its_own_exit_code():
     """Item 12's Ctrl-C: a KeyboardInterrupt traceback, the finished step not saved. Now SIGINT is a stop
     request as SIGTERM is; either ends with exit code 75 (EX_TEMPFAIL: a scheduler requeues it), not 2."""

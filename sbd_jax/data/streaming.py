@@ -197,6 +197,12 @@ class HostBatches:
         parts = [next(it) for it in self._iterators.values()]
         return {name: np.concatenate([p[name] for p in parts]) for name in Batch._fields}
 
+    def close(self) -> None:
+        """Stops the shards' worker processes and frees their shared memory (left behind by a process that
+        exits with them running: Python then warns of leaked shared_memory objects)."""
+        for it in self._iterators.values():
+            it.close()
+
     def get_state(self) -> bytes:
         shards = {str(s): it.get_state() for s, it in self._iterators.items()}
         return json.dumps({"layout": self._layout, "shards": shards}).encode()

@@ -4,7 +4,9 @@ restored together, so a resumed run sees the batches an uninterrupted one would 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import shutil
 import sys
 from typing import Any, Iterator
 
@@ -121,10 +123,30 @@ def save(manager: Any, step: int, state: Any, iterator: Any, workdir: str) -> No
     a failed save (a full disk) is a `SaveFailed`."""
     import orbax.checkpoint as ocp
 
+    check_saves(manager, workdir, wait=True)  # Orbax waits for the save in flight anyway: report it as its own
     with reported_save_errors(manager, workdir, step):
+        _check_room(str(manager.directory), state)
         manager.save(step, force=True, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data=grain.checkpoint.CheckpointSave(streaming.Snapshot(iterator.get_state()))))
+
+
+def _check_room(directory: str, state: Any) -> None:
+    """An `ENOSPC` before writing when the state cannot fit in the free space of a local `directory`: a
+    save that fills the disk fails in Orbax's background threads, which print a hundred tracebacks.
+    Orbax writes the arrays as they are (about their bytes on disk; older checkpoints go only after)."""
+    if not os.path.isdir(directory):  # a bucket (gs://...): no free-space figure
+        return
+    need = sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree.leaves(state))
+    free = shutil.disk_usage(directory).free
+    short = free < need
+    if jax.process_count() > 1:  # every host stops, or none: process 0's disk decides
+        from jax.experimental import multihost_utils
+
+        short = bool(multihost_utils.broadcast_one_to_all(short))
+    if short:
+        raise OSError(errno.ENOSPC, f"No space left on device: the checkpoint needs {need / 2**20:.1f} MiB, "
+                                    f"{free / 2**20:.1f} MiB are free")
 
 
 class SaveFailed(UserError):
@@ -171,8 +193,9 @@ def finishing_saves(manager: Any, workdir: str) -> Iterator[None]:
 
 
 def check_saves(manager: Any, workdir: str, wait: bool = False) -> None:
-    """Raises `SaveFailed` if an async save has failed (after waiting for those in flight, with `wait`)."""
-    with reported_save_errors(manager, workdir):
+    """Raises `SaveFailed`, naming the save's step, if an async save has failed (after waiting for those in
+    flight, with `wait`). The newest step the manager lists is the one an async save can still be writing."""
+    with reported_save_errors(manager, workdir, manager.latest_step()):
         if wait:
             manager.wait_until_finished()
         manager.check_for_errors()

@@ -164,7 +164,11 @@ class Trainer:
         pieces), resuming from `workdir`; returns this invocation's logged metrics. Holds the workdir's
         lock throughout: a second run on the same workdir is refused, naming this one's process."""
         with self._workdir_lock():
-            return self._run(until)
+            try:
+                return self._run(until)
+            except BaseException:  # the run ends here (a refusal, a failed save, SIGTERM)
+                self.iterator.close()
+                raise
 
     def _run(self, until: int | None) -> list[dict[str, float]]:
         manager = self.checkpoint_manager()
