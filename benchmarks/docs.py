@@ -92,11 +92,15 @@ def shipped_headline(**where: object) -> Callable[[dict], tuple[str, str, str]]:
     split's decoding (compile and prefill included) in whichever session measured it, so no ratio to another
     entry's seconds is a speed: the cell says so (the batch-1 rows are the speed measurements)."""
     def cells(data: dict) -> tuple[str, str, str]:
-        r = pick([r for r in data["rows"] if has(r, **{"draft_memory": False, "fallback_blocks": 0, **where})],
-                 block_size=data["block_size"])
+        r = pick(headline_matches(data, where), block_size=data["block_size"])
         return (f"{r['tokens_per_forward']:.2f}", identical(r["agreement_with_ntp"] * r["n"], r["n"]),
                 NOT_TIMED_IN_ONE_RUN)
     return cells
+
+
+def headline_matches(data: dict, where: dict) -> list[dict]:
+    """The headline file's rows with the fields `where` (no draft memory, no fallback blocks unless named)."""
+    return [r for r in data["rows"] if has(r, **{"draft_memory": False, "fallback_blocks": 0, **where})]
 
 
 def small_scale_plain(data: dict) -> tuple[str, str, str]:
@@ -135,35 +139,48 @@ TREE_SPEED = ("benchmarks/results/tree_decode_speed_batch1_cpu.json",)
 TREE_SPEED_HUMANEVAL = ("benchmarks/results/tree_decode_speed_humaneval_batch1_cpu.json",)
 ADAPTER_SPEED = ("benchmarks/results/tree_decode_speed_adapter_batch1_cpu.json",)
 TREE_MEMORY = ("benchmarks/results/tree_decode_forwards_memory_cpu.json",)
-SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_4.json"
-SHIPPED_HUMANEVAL = "recipes/smollm2_sbd/results/shipped_adapter/headline_humaneval_4.json"
-SHIPPED_BLOCK_8 = "recipes/smollm2_sbd/results/shipped_adapter/headline_test_8.json"
+SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter"
+BEFORE = "recipes/smollm2_sbd/results/adapter_440steps"  # the version shipped before, measured in full
 
 
-def shipped_rows(path: str, prompts: str, block: int = 4) -> list[Row]:
-    """The shipped adapter's headline rows of one split at one block size: its SBD chain beside the base's lookup,
-    then the mixed tree (with and without the draft memory), hybrid, SBD's block as a tree, hybrid and SBD drafts
-    with fallback blocks."""
+def adapter_rows(folder: str, split: str, block: int, prompts: str, adapter: str) -> list[Row]:
+    """An adapter's headline rows of one split at one block size, those its file `headline_SPLIT_BLOCK.json` holds
+    (a new adapter's file fills row by row, session by session): its SBD chain beside the base's lookup, then the
+    mixed tree (with and without the draft memory), hybrid, SBD's block as a tree, hybrid and SBD drafts with
+    fallback blocks. `adapter`: how the setup column names it."""
     n = DEFAULT_DRAFT_NODES
-    return [
-        Row(f"SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` ({{adapter_steps}} steps), {prompts}",
-            f"verified, SBD drafts, block {block}", (path,), shipped_headline(drafts=Drafts.SBD)),
-        Row("the same, base SmolLM2-135M", f"verified, lookup drafts, block {block}", (path,),
-            shipped_headline(drafts=Drafts.LOOKUP)),
-        Row("the same, with the shipped adapter", "verified, tree-sbd drafts (context matches, successors and SBD's "
-            f"block in one tree), {n} nodes, block {block}", (path,),
-            shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=n)),
-        Row("the same", f"verified, tree-sbd drafts, {n} nodes, block {block}, `--draft-memory`", (path,),
-            shipped_headline(drafts=Drafts.TREE_SBD, draft_nodes=n, draft_memory=True)),
-        Row("the same", f"verified, hybrid drafts (per row, SBD's block or lookup), block {block}", (path,),
-            shipped_headline(drafts=Drafts.HYBRID)),
-        Row("the same", f"verified, sbd-tree drafts (SBD's block as a tree), {n} nodes, block {block}", (path,),
-            shipped_headline(drafts=Drafts.SBD_TREE, draft_nodes=n)),
-        Row("the same", f"verified, hybrid drafts, block {block}, `--fallback-blocks 3`", (path,),
-            shipped_headline(drafts=Drafts.HYBRID, fallback_blocks=3)),
-        Row("the same", f"verified, SBD drafts, block {block}, `--fallback-blocks 3`", (path,),
-            shipped_headline(drafts=Drafts.SBD, fallback_blocks=3)),
+    settings = [  # (decoding, fields, decoded with the adapter)
+        (f"verified, SBD drafts, block {block}", dict(drafts=Drafts.SBD), True),
+        (f"verified, lookup drafts, block {block}", dict(drafts=Drafts.LOOKUP), False),
+        ("verified, tree-sbd drafts (context matches, successors and SBD's block in one tree), "
+         f"{n} nodes, block {block}", dict(drafts=Drafts.TREE_SBD, draft_nodes=n), True),
+        (f"verified, tree-sbd drafts, {n} nodes, block {block}, `--draft-memory`",
+         dict(drafts=Drafts.TREE_SBD, draft_nodes=n, draft_memory=True), True),
+        (f"verified, hybrid drafts (per row, SBD's block or lookup), block {block}", dict(drafts=Drafts.HYBRID), True),
+        (f"verified, sbd-tree drafts (SBD's block as a tree), {n} nodes, block {block}",
+         dict(drafts=Drafts.SBD_TREE, draft_nodes=n), True),
+        (f"verified, hybrid drafts, block {block}, `--fallback-blocks 3`",
+         dict(drafts=Drafts.HYBRID, fallback_blocks=3), True),
+        (f"verified, SBD drafts, block {block}, `--fallback-blocks 3`", dict(drafts=Drafts.SBD, fallback_blocks=3),
+         True),
     ]
+    path = f"{folder}/headline_{split}_{block}.json"
+    data = load(path) if os.path.exists(os.path.join(ROOT, path)) else {"rows": []}
+    rows, named, previous = [], False, None
+    for decoding, where, tuned in settings:
+        if not headline_matches(data, where):
+            continue
+        if tuned and not named:
+            setup = f"SmolLM2-135M + {adapter} ({{adapter_steps}} steps), {prompts}"
+        elif previous is None:
+            setup = f"base SmolLM2-135M, {prompts}"
+        elif tuned != previous:
+            setup = "the same, with the adapter" if tuned else "the same, base SmolLM2-135M"
+        else:
+            setup = "the same"
+        named, previous = named or tuned, tuned
+        rows.append(Row(setup, decoding, (path,), shipped_headline(**where)))
+    return rows
 
 
 HEADLINE = [
@@ -191,10 +208,12 @@ HEADLINE = [
         "`--lookup-min-match 2`", TREE_SPEED_HUMANEVAL, speed_at_batch_1("lookup chain k=8 min match 2")),
     Row("the same", "verified, tree drafts, width per pass from timed pass costs (`--draft-nodes auto`)",
         TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
-    *shipped_rows(SHIPPED, "200 held-out chat prompts"),
-    *shipped_rows(SHIPPED_BLOCK_8, "200 held-out chat prompts", block=8)[:7],  # all but SBD + fallback blocks
-    *shipped_rows(SHIPPED_HUMANEVAL, "164 HumanEval problems"),
-    Row("SmolLM2-135M + the shipped adapter, the first 20 held-out chat prompts, one at a time",
+    *[row for split, block, prompts in (("test", 4, "200 held-out chat prompts"), ("test", 8, "200 held-out chat "
+                                        "prompts"), ("humaneval", 4, "164 HumanEval problems"))
+      for folder, adapter in ((SHIPPED, "the shipped adapter `smollm2-135m-sbd`"),
+                              (BEFORE, "the version of `smollm2-135m-sbd` shipped before"))
+      for row in adapter_rows(folder, split, block, prompts, adapter)],
+    Row("SmolLM2-135M + the adapter's 440-step version, the first 20 held-out chat prompts, one at a time",
         "verified, SBD drafts, block 4", ADAPTER_SPEED, speed_at_batch_1("adapter, sbd chain k=4")),
     Row("the same", f"verified, tree-sbd drafts, {DEFAULT_DRAFT_NODES} nodes, block 4", ADAPTER_SPEED,
         speed_at_batch_1(f"adapter, tree-sbd n={DEFAULT_DRAFT_NODES} k=4")),

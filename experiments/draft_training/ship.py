@@ -128,7 +128,7 @@ def readme(name: str, meta: dict, log: list[dict], note: str | None, size: int) 
     if len(shipped.get("pieces", [])) > 1:
         lines += ["", "Pieces, each starting from the adapter the one before shipped (optimizer state fresh):", ""]
         lines += [f"{i}. {p.get('steps')} steps: `{p.get('source')}`, commit {p.get('trained_at_commit') or '?'}, "
-                  f"{p.get('date') or '?'}" + (f", `{p['command']}`" if p.get("command") else "")
+                  f"{p.get('date') or '?'}" + (f":\n   `{p['command']}`" if p.get("command") else "")
                   for i, p in enumerate(shipped["pieces"], 1)]
     if note:
         lines += ["", textwrap.fill(note, 110)]
