@@ -143,11 +143,13 @@ SHIPPED = "recipes/smollm2_sbd/results/shipped_adapter"
 BEFORE = "recipes/smollm2_sbd/results/adapter_440steps"  # the version shipped before, measured in full
 
 
-def adapter_rows(folder: str, split: str, block: int, prompts: str, adapter: str) -> list[Row]:
+def adapter_rows(folder: str, split: str, block: int, prompts: str, adapter: str,
+                 newer: str | None = None) -> list[Row]:
     """An adapter's headline rows of one split at one block size, those its file `headline_SPLIT_BLOCK.json` holds
     (a new adapter's file fills row by row, session by session): its SBD chain beside the base's lookup, then the
     mixed tree (with and without the draft memory), hybrid, SBD's block as a tree, hybrid and SBD drafts with
-    fallback blocks. `adapter`: how the setup column names it."""
+    fallback blocks. `adapter`: how the setup column names it; `newer`: a newer version's folder, whose rows
+    replace these (an older version shows only the rows not yet measured with the newer one)."""
     n = DEFAULT_DRAFT_NODES
     settings = [  # (decoding, fields, decoded with the adapter)
         (f"verified, SBD drafts, block {block}", dict(drafts=Drafts.SBD), True),
@@ -164,11 +166,14 @@ def adapter_rows(folder: str, split: str, block: int, prompts: str, adapter: str
         (f"verified, SBD drafts, block {block}, `--fallback-blocks 3`", dict(drafts=Drafts.SBD, fallback_blocks=3),
          True),
     ]
-    path = f"{folder}/headline_{split}_{block}.json"
-    data = load(path) if os.path.exists(os.path.join(ROOT, path)) else {"rows": []}
+    def held(folder: str | None) -> dict:
+        path = f"{folder}/headline_{split}_{block}.json"
+        return load(path) if folder and os.path.exists(os.path.join(ROOT, path)) else {"rows": []}
+
+    path, data, replaced = f"{folder}/headline_{split}_{block}.json", held(folder), held(newer)
     rows, named, previous = [], False, None
     for decoding, where, tuned in settings:
-        if not headline_matches(data, where):
+        if not headline_matches(data, where) or headline_matches(replaced, where):
             continue
         if tuned and not named:
             setup = f"SmolLM2-135M + {adapter} ({{adapter_steps}} steps), {prompts}"
@@ -210,9 +215,9 @@ HEADLINE = [
         TREE_SPEED_HUMANEVAL, speed_at_batch_1("tree, width rule")),
     *[row for split, block, prompts in (("test", 4, "200 held-out chat prompts"), ("test", 8, "200 held-out chat "
                                         "prompts"), ("humaneval", 4, "164 HumanEval problems"))
-      for folder, adapter in ((SHIPPED, "the shipped adapter `smollm2-135m-sbd`"),
-                              (BEFORE, "the version of `smollm2-135m-sbd` shipped before"))
-      for row in adapter_rows(folder, split, block, prompts, adapter)],
+      for folder, adapter, newer in ((SHIPPED, "the shipped adapter `smollm2-135m-sbd`", None),
+                                     (BEFORE, "the version of `smollm2-135m-sbd` shipped before", SHIPPED))
+      for row in adapter_rows(folder, split, block, prompts, adapter, newer)],
     Row("SmolLM2-135M + the adapter's 440-step version, the first 20 held-out chat prompts, one at a time",
         "verified, SBD drafts, block 4", ADAPTER_SPEED, speed_at_batch_1("adapter, sbd chain k=4")),
     Row("the same", f"verified, tree-sbd drafts, {DEFAULT_DRAFT_NODES} nodes, block 4", ADAPTER_SPEED,
