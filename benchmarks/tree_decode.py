@@ -231,15 +231,17 @@ def main(argv: list[str] | None = None) -> dict:
             parser.error("--modeled-costs adds a row to the forwards part: add --parts forwards")
         lookup(args.modeled_costs, args.model)
     from sbd_jax.api import load
+    from sbd_jax.checkpoints.adapter import shipped_steps
 
     model = load(args.model)
     drafter = load(args.model, adapter=args.adapter) if args.adapter else None
+    steps = {"adapter_steps": shipped_steps(args.adapter)} if args.adapter else {}  # which version ran
     result: dict = {}
     for part in args.parts:
         out = args.out or os.path.join(ROOT, "benchmarks", "results", f"tree_decode_{part}_cpu.json")
 
         def progress(rows: list[dict], part: str = part, out: str = out) -> None:
-            write_json(out, {"args": vars(args), part: rows})
+            write_json(out, {"args": vars(args), **steps, part: rows})
 
         rows = {"validation": lambda: validation_rows(model, args), "forwards": lambda: forwards_rows(model, args, progress),
                 "speed": lambda: speed_rows(model, args, progress, drafter),

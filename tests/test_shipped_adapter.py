@@ -112,6 +112,7 @@ def test_ship_writes_the_folder_with_its_log_and_where_it_came_from(tmp_path):
         ship.ship(export, "Bad Name", out=str(tmp_path / "x"))
     assert ship.steps_of(str(tmp_path / "run" / "adapter"), None) is None
     assert ship.steps_of(export + "/", None) == 3 and ship.steps_of(export, 40) == 40
+    assert ad.shipped_steps(out) == 3 and ad.shipped_steps(export) is None  # what result files quote
 
 
 def test_the_registry_names_the_package_folder_and_its_errors_are_one_line(monkeypatch, tmp_path):

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from recipes.smollm2_sbd.eval import Evaluations, summary
 from recipes.smollm2_sbd.inputs import add_model_arguments, models_and_prompts
-from sbd_jax.checkpoints.adapter import read_adapter_config
+from sbd_jax.checkpoints.adapter import shipped_steps
 from sbd_jax.decoding.drafts import Drafts
 from sbd_jax.decoding.settings import Settings
 from sbd_jax.evaluation.recorded import describe
@@ -84,8 +84,7 @@ def main(argv: Sequence[str]) -> None:
     prompts = split_prompts[args.split]
     evaluations = Evaluations(args.cache, models, split_prompts, args.max_new_tokens, args.batch_size)
 
-    # a shipped adapter's training steps (`adapter.json`'s "shipped"); None for others
-    steps = read_adapter_config(args.tuned).get("shipped", {}).get("steps") if adapter else None
+    steps = shipped_steps(args.tuned) if adapter else None
 
     def write(table: list[dict]) -> None:  # after every row: a run cut short keeps what it measured
         write_json(os.path.join(os.path.dirname(args.cache), f"headline_{args.split}_{args.block_size}.json"),

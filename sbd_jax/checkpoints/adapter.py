@@ -155,6 +155,14 @@ def write_copy(source: str, path: str, dtype: str = "bfloat16", note: dict[str, 
     return meta
 
 
+def shipped_steps(spec: str) -> int | None:
+    """The training steps of adapter `spec` (a directory or a known name) as shipped (`adapter.json`'s
+    `shipped.steps`, which result files quote to say which version ran); None for an adapter not shipped."""
+    from sbd_jax.checkpoints.load import resolve_adapter
+
+    return read_adapter_config(resolve_adapter(spec)).get("shipped", {}).get("steps")
+
+
 def attach_adapter(spec: str, config: ModelConfig, params: dict, tokenizer: Any) -> tuple[ModelConfig, dict, Any]:
     """The base model (`config`, `params`, `tokenizer`, as loaded) with the adapter `spec` (a directory or a
     known name, `checkpoints.load.resolve_adapter`): the base checked against the one the adapter was trained
