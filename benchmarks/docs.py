@@ -218,7 +218,8 @@ HEADLINE = [
       for folder, adapter, newer in ((SHIPPED, "the shipped adapter `smollm2-135m-sbd`", None),
                                      (BEFORE, "the version of `smollm2-135m-sbd` shipped before", SHIPPED))
       for row in adapter_rows(folder, split, block, prompts, adapter, newer)],
-    Row("SmolLM2-135M + the adapter's 440-step version, the first 20 held-out chat prompts, one at a time",
+    Row("SmolLM2-135M + the shipped adapter `smollm2-135m-sbd` ({adapter_steps} steps), the first 20 held-out chat "
+        "prompts, one at a time",
         "verified, SBD drafts, block 4", ADAPTER_SPEED, speed_at_batch_1("adapter, sbd chain k=4")),
     Row("the same", f"verified, tree-sbd drafts, {DEFAULT_DRAFT_NODES} nodes, block 4", ADAPTER_SPEED,
         speed_at_batch_1(f"adapter, tree-sbd n={DEFAULT_DRAFT_NODES} k=4")),
